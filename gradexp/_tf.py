@@ -1,0 +1,50 @@
+"""Import TensorFlow and Keras once, without the start-up noise of a machine with no GPU.
+
+TensorFlow's C++ side prints "Could not find cuda drivers", "All log messages before
+absl::InitializeLog()..." and CPU-feature notes while it loads, before TF_CPP_MIN_LOG_LEVEL is
+read (abseil logs to stderr until it is initialised). We hold file descriptor 2 while importing
+and pass on every line but those known notes, so real import errors still show.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+NOISE = (
+    "absl::InitializeLog()",
+    "cudart_stub.cc",
+    "cpu_feature_guard.cc",
+    "To enable the following instructions",
+    "oneDNN custom operations are on",
+    "Unable to register cu",
+    "computation_placer.cc",
+    "TF-TRT Warning",
+    "failed call to cuInit",
+)
+
+
+def _import_quietly():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import keras
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()  # probes for CUDA (and says it found none) now
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode(errors="replace").splitlines(keepends=True):
+                if not any(n in line for n in NOISE):
+                    sys.stderr.write(line)
+    return tf, keras
+
+
+tf, keras = _import_quietly()

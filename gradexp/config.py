@@ -1,0 +1,322 @@
+"""Config schemas, their registration with Hydra, and validation.
+
+The dataclasses give keys and types; the values live in conf/*.yaml.
+Nothing here imports TensorFlow: a bad value must be answered before the (slow) import.
+Types and key names are checked by Hydra when it composes the config (the dataclasses below
+are registered in its ConfigStore); values, choices and combinations by `validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra import compose
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from hydra.experimental.callback import Callback
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
+
+DEVICES = ("auto", "cpu", "gpu")
+ACTIVATIONS = ("relu", "tanh", "sigmoid", "gelu", "elu", "selu", "silu", "softplus", "linear")
+INITIALIZERS = (
+    "glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "lecun_uniform",
+    "lecun_normal", "orthogonal", "random_normal", "random_uniform",
+)
+LOSS_REDUCTIONS = ("sum", "mean")
+
+
+class ConfigError(ValueError):
+    """A bad setting: the message is one line that names the key and what is allowed."""
+
+
+# ---------------------------------------------------------------------------------- models
+@dataclass
+class MLPConfig:
+    """`depth` hidden Dense layers of `width` units, then a Dense output layer."""
+
+    name: str = "mlp"
+    depth: int = MISSING
+    width: int = MISSING
+    activation: str = MISSING
+    initializer: str = MISSING
+
+    def positions(self) -> list[str]:
+        return [f"dense_{i}" for i in range(1, self.depth + 1)]
+
+
+# -------------------------------------------------------------------------------- datasets
+@dataclass
+class SyntheticConfig:
+    """Gaussian clusters: class means ~ N(0, separation² I), x = mean + N(0, I)."""
+
+    name: str = "synthetic"
+    num_examples: int = MISSING
+    num_features: int = MISSING
+    num_classes: int = MISSING
+    separation: float = MISSING
+    val_fraction: float = MISSING
+    seed: int = MISSING  # the data stay the same across run seeds; `seed` varies init and order
+
+
+@dataclass
+class DigitsConfig:
+    """scikit-learn's 8x8 handwritten digits (1797 images), read from inside its wheel."""
+
+    name: str = "digits"
+    val_fraction: float = MISSING
+    seed: int = MISSING
+
+
+# ------------------------------------------------------------------------------ optimizers
+@dataclass
+class SGDConfig:
+    name: str = "sgd"
+    learning_rate: float = MISSING
+    momentum: float = MISSING
+    nesterov: bool = MISSING
+
+
+@dataclass
+class AdamConfig:
+    name: str = "adam"
+    learning_rate: float = MISSING
+    beta_1: float = MISSING
+    beta_2: float = MISSING
+    epsilon: float = MISSING
+
+
+# ------------------------------------------------------------------------ layer and trainer
+@dataclass
+class LayerConfig:
+    """The seed's layer: forward y = scale·x, backward dx = clip(grad_scale·dy, clip_min, clip_max).
+
+    clip_min / clip_max override the top-level `clip` (which means ±clip); null: no bound.
+    positions: `all` (after every hidden layer), or a list of the model's position names.
+    """
+
+    clip_min: float | None = MISSING
+    clip_max: float | None = MISSING
+    scale: float = MISSING
+    grad_scale: float = MISSING
+    positions: Any = MISSING
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = MISSING
+    batch_size: int = MISSING
+    log_every: int = MISSING  # fetch measurements, write table and TensorBoard, print progress
+    eval_every: int = MISSING
+    histogram_every: int = MISSING  # gradient histograms in TensorBoard; 0: never
+    loss_reduction: str = MISSING  # sum: dy is in per-example units whatever the batch size
+    divergence_factor: float = MISSING  # loss above this × the first loss: diverged
+
+
+@dataclass
+class Config:
+    model: Any = MISSING
+    dataset: Any = MISSING
+    optimizer: Any = MISSING
+    layer: LayerConfig = field(default_factory=LayerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    clip: float | None = MISSING
+    seed: int = MISSING
+    device: str = MISSING
+
+
+def register() -> None:
+    """Put the schemas in Hydra's ConfigStore; conf/*.yaml extend them."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, schemas in {
+        "model": [MLPConfig],
+        "dataset": [SyntheticConfig, DigitsConfig],
+        "optimizer": [SGDConfig, AdamConfig],
+    }.items():
+        for schema in schemas:
+            cs.store(name=f"{group}_{schema().name}_schema", node=schema)
+
+
+register()
+
+
+# ------------------------------------------------------------------------------ validation
+def clip_bounds(cfg: DictConfig) -> tuple[float | None, float | None]:
+    """(clip_min, clip_max) of the inserted layers: layer.clip_min/max, else ±clip, else None."""
+    low, high = cfg.layer.clip_min, cfg.layer.clip_max
+    if cfg.clip is not None:
+        low = -cfg.clip if low is None else low
+        high = cfg.clip if high is None else high
+    return low, high
+
+
+def positions(cfg: DictConfig) -> list[str]:
+    """The model positions that get a clip layer, in model order."""
+    available = OmegaConf.to_object(cfg.model).positions()
+    wanted = cfg.layer.positions
+    if wanted == "all":
+        return available
+    if isinstance(wanted, str) or not isinstance(wanted, (list, ListConfig)):
+        wanted = [wanted]
+    unknown = [p for p in wanted if p not in available]
+    if unknown:
+        raise ConfigError(
+            f"layer.positions={unknown[0]}: no such position in model={cfg.model.name}; "
+            f"allowed: all, or a list of {', '.join(available)}"
+        )
+    return [p for p in available if p in wanted]
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={_show(value)}: {allowed}")
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    _check(value in allowed, key, value, f"must be one of {', '.join(allowed)}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError (one line naming the key) for the first bad value in `cfg`."""
+    _check(cfg.clip is None or (_finite(cfg.clip) and cfg.clip > 0), "clip", cfg.clip,
+           "must be a positive number or null (null: no clipping)")
+    for side in ("clip_min", "clip_max"):
+        v = cfg.layer[side]
+        _check(v is None or not math.isnan(v), f"layer.{side}", v, "must be a number or null")
+    low, high = clip_bounds(cfg)
+    if low is not None and high is not None and low > high:
+        raise ConfigError(
+            f"layer.clip_min={_show(low)}, layer.clip_max={_show(high)}: "
+            "clip_min must not exceed clip_max"
+        )
+    _check(_finite(cfg.layer.scale), "layer.scale", cfg.layer.scale, "must be a finite number")
+    _check(_finite(cfg.layer.grad_scale), "layer.grad_scale", cfg.layer.grad_scale,
+           "must be a finite number (negative reverses the gradient)")
+    _choice("device", cfg.device, DEVICES)
+
+    t = cfg.trainer
+    for key in ("steps", "batch_size", "log_every", "eval_every"):
+        _check(t[key] >= 1, f"trainer.{key}", t[key], "must be an integer >= 1")
+    _check(t.histogram_every >= 0, "trainer.histogram_every", t.histogram_every,
+           "must be an integer >= 0 (0: no histograms)")
+    _choice("trainer.loss_reduction", t.loss_reduction, LOSS_REDUCTIONS)
+    _check(t.divergence_factor > 1, "trainer.divergence_factor", t.divergence_factor,
+           "must be a number > 1")
+
+    m = cfg.model
+    for key in ("depth", "width"):
+        _check(m[key] >= 1, f"model.{key}", m[key], "must be an integer >= 1")
+    _choice("model.activation", m.activation, ACTIVATIONS)
+    _choice("model.initializer", m.initializer, INITIALIZERS)
+
+    d = cfg.dataset
+    _check(0 < d.val_fraction < 1, "dataset.val_fraction", d.val_fraction,
+           "must be between 0 and 1 (exclusive)")
+    if d.name == "synthetic":
+        for key in ("num_examples", "num_features"):
+            _check(d[key] >= 1, f"dataset.{key}", d[key], "must be an integer >= 1")
+        _check(d.num_classes >= 2, "dataset.num_classes", d.num_classes,
+               "must be an integer >= 2")
+
+    o = cfg.optimizer
+    _check(_finite(o.learning_rate) and o.learning_rate > 0, "optimizer.learning_rate",
+           o.learning_rate, "must be a positive number")
+    positions(cfg)
+    _unknown_keys(cfg)
+
+
+def _unknown_keys(node: DictConfig, prefix: str = "") -> None:
+    """`+key=value` slips past Hydra's struct check: refuse keys no schema declares."""
+    schema = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(schema):
+        allowed = _schema_keys(schema)
+        for key in node:
+            if key not in allowed and not (prefix == "" and key == "hydra"):
+                raise ConfigError(f"{prefix}{key}: no such key; allowed: {', '.join(allowed)}")
+    for key in node:
+        child = node._get_node(key)
+        if key == "hydra" or not isinstance(child, DictConfig):
+            continue
+        if not child._is_missing() and not child._is_none():
+            _unknown_keys(child, f"{prefix}{key}.")
+
+
+def _schema_keys(schema: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(schema)]
+
+
+def explain(exc: BaseException) -> str | None:
+    """One line for a bad-input error from Hydra, OmegaConf or `validate`; None otherwise."""
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    if isinstance(exc, MissingConfigException) and exc.options is not None and exc.missing_cfg_file:
+        group, _, name = exc.missing_cfg_file.rpartition("/")
+        return f"{group}={name}: no such option; choose one of {', '.join(sorted(exc.options))}"
+    cause = exc.__cause__
+    if isinstance(exc, ConfigCompositionException) and isinstance(cause, OmegaConfBaseException):
+        key = getattr(cause, "full_key", None) or "config"
+        if str(exc).startswith("Error merging override "):
+            key = str(exc).removeprefix("Error merging override ")
+        reason = str(cause).splitlines()[0]
+        schema = getattr(cause, "object_type", None)
+        if isinstance(cause, ConfigAttributeError) and dataclasses.is_dataclass(schema):
+            reason = f"no such key; allowed: {', '.join(_schema_keys(schema))}"
+        return f"{key}: {reason}"
+    if isinstance(exc, (OverrideParseException, ConfigCompositionException)):
+        return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return None
+
+
+class ValidateBeforeRun(Callback):
+    """Hydra callback: check every job's config before any run directory is made.
+
+    A single run is checked in `on_run_start`; a sweep composes and checks each of its jobs in
+    `on_multirun_start`, so one bad value stops the sweep before its first run. Hydra turns a
+    callback's exceptions into warnings, so a bad value ends the process here, with one line.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_if_invalid(lambda: validate(config))
+
+    def on_multirun_start(self, config: DictConfig, config_name: str | None = None,
+                          **kwargs: Any) -> None:
+        def check_all_jobs():
+            for overrides in sweep_jobs(config):
+                validate(compose(config_name=config_name, overrides=overrides))
+
+        _exit_if_invalid(check_all_jobs)
+
+
+def _exit_if_invalid(check: Callable[[], None]) -> None:
+    try:
+        check()
+    except Exception as exc:
+        message = explain(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def sweep_jobs(config: DictConfig) -> list[list[str]]:
+    """The override lists of a basic-sweeper multirun (`hydra.sweeper.params`, then the CLI)."""
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    parsed = OverridesParser.create().parse_overrides(arguments)
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]

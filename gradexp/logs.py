@@ -1,0 +1,129 @@
+"""Everything a run writes into its directory, in one place.
+
+- TensorBoard event files: every step's measurements under grouped tags (`loss/train`,
+  `grad_norm/global`, `grad_norm/<position>/pre` and `/post`, `clip_fraction/<position>`,
+  `learning_rate`), validation metrics, gradient histograms, and the run's HParams (the flattened
+  config) with its final metrics (`final/...`).
+- `metrics.csv`: one row per step, the same names as columns (validation columns are filled at
+  the steps where the model was evaluated). pandas reads it directly.
+- `summary.json`: status (running, completed, diverged, failed), final figures, wall time and the
+  resolved config. Written atomically; it says `running` until the run ends.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+VAL_COLUMNS = ("loss/val", "accuracy/val")
+SCALAR = scalar_metadata.create_summary_metadata(display_name=None, description=None)
+
+
+def hparams(cfg: DictConfig) -> dict[str, bool | int | float | str]:
+    """The config flattened to `a.b.c: value` for TensorBoard's HParams view.
+
+    Keys that may be null (e.g. `clip`) are always strings, so that one column never mixes
+    numbers and strings: TensorBoard hides runs in such a column (tensorboard#2942).
+    """
+    flat: dict[str, Any] = {}
+
+    def visit(node: DictConfig, prefix: str) -> None:
+        for key in node:
+            child = node._get_node(key)
+            if isinstance(child, DictConfig):
+                visit(child, f"{prefix}{key}.")
+                continue
+            if isinstance(child, ListConfig):
+                value = OmegaConf.to_container(child)
+            else:
+                value = child._value()
+            if child._is_optional() or value is None or isinstance(value, list):
+                value = "null" if value is None else str(value)
+            flat[f"{prefix}{key}"] = value
+
+    visit(cfg, "")
+    return flat
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON atomically (a crash leaves the old file or the new one, never half of one)."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_jsonable(data), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+class RunLog:
+    """The writers of one run directory. `names` are the per-step measurements, in row order."""
+
+    def __init__(self, run_dir: Path, names: list[str], cfg: DictConfig):
+        from tensorboard.plugins.hparams import api as hp
+
+        from gradexp._tf import tf
+
+        self.run_dir, self.names, self.tf = run_dir, list(names), tf
+        self.writer = tf.summary.create_file_writer(str(run_dir))
+        self._table_file = open(run_dir / "metrics.csv", "w", newline="")
+        self.table = csv.writer(self._table_file)
+        self.table.writerow(["step", *self.names, *VAL_COLUMNS])
+        with self.writer.as_default():
+            hp.hparams(hparams(cfg), trial_id=str(run_dir))
+        self._write_scalars = tf.function(self._scalars)
+
+    def _scalars(self, steps, rows):
+        # tf.summary.write, not tf.summary.scalar: the loop's name scope would prefix the tags.
+        tf = self.tf
+        with self.writer.as_default():
+            for i in tf.range(tf.shape(rows)[0]):
+                for j, name in enumerate(self.names):
+                    tf.summary.write(name, rows[i, j], step=steps[i], metadata=SCALAR)
+
+    def steps(self, steps: np.ndarray, rows: np.ndarray, val: dict[str, float] | None) -> None:
+        """Record measured steps (`rows[i]` belongs to `steps[i]`); `val` to the last of them."""
+        if len(rows) == 0:
+            return
+        self._write_scalars(self.tf.constant(steps, self.tf.int64), self.tf.constant(rows))
+        blank = [""] * len(VAL_COLUMNS)
+        for k, (step, row) in enumerate(zip(steps, rows, strict=True)):
+            last = val if (val is not None and k == len(rows) - 1) else None
+            extra = [str(np.float32(last[c])) for c in VAL_COLUMNS] if last else blank
+            self.table.writerow([int(step), *(str(v) for v in row), *extra])
+        if val is not None:
+            with self.writer.as_default():
+                for name in VAL_COLUMNS:
+                    self.tf.summary.scalar(name, val[name], step=int(steps[-1]))
+        self._table_file.flush()
+        self.writer.flush()
+
+    def histograms(self, step: int, tensors: dict[str, Any]) -> None:
+        with self.writer.as_default():
+            for name, value in tensors.items():
+                self.tf.summary.histogram(name, value, step=step)
+
+    def close(self, step: int, final: dict[str, float]) -> None:
+        """Final metrics as `final/<name>` scalars (the HParams view's metric columns)."""
+        with self.writer.as_default():
+            for name, value in final.items():
+                if value is not None:
+                    self.tf.summary.scalar(f"final/{name}", value, step=step)
+        self.writer.close()
+        self._table_file.close()

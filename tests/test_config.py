@@ -1,0 +1,64 @@
+"""Bad input: one line naming the key, exit status 2, no run directory, no TensorFlow import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import QUICK, REPO, gradexp
+from gradexp import config
+
+BAD = [
+    (["clip=-1"], "clip=-1", "positive number or null"),
+    (["clip=abc"], "clip=abc", "Float"),
+    (["layer.clip_min=1", "layer.clip_max=0"], "layer.clip_min=1", "must not exceed clip_max"),
+    (["model=nosuch"], "model=nosuch", "choose one of mlp"),
+    (["layer.positions=[nosuch]"], "layer.positions=nosuch", "dense_1, dense_2, dense_3"),
+    (["trainer.steps=0"], "trainer.steps=0", ">= 1"),
+    (["trainer.stepz=5"], "trainer.stepz", "allowed: steps, batch_size"),
+    (["+model.extra=1"], "model.extra", "no such key"),
+    (["device=tpu"], "device=tpu", "auto, cpu, gpu"),
+    (["-m", "clip=0.1,-1"], "clip=-1", "positive number or null"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "allowed"), BAD, ids=[" ".join(b[0]) for b in BAD])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key, allowed):
+    flags = [o for o in overrides if o.startswith("-")]
+    values = [o for o in overrides if not o.startswith("-")]
+    result = gradexp("gradexp.train", *flags, *QUICK, *values, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: {key}") and allowed in lines[0], lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "outputs").exists()  # no run directory made, not even .hydra/
+
+
+def test_config_errors_do_not_wait_for_tensorflow():
+    # The entry point and the validation import no TensorFlow (which takes ~10 s to load).
+    code = ("import sys, gradexp.train, gradexp.config; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_defaults_are_valid_and_clip_sets_both_bounds(make_cfg):
+    cfg = make_cfg()
+    config.validate(cfg)
+    assert cfg.clip is None and config.clip_bounds(cfg) == (None, None)
+    assert config.positions(cfg) == ["dense_1", "dense_2", "dense_3"]
+    cfg = make_cfg("clip=0.1", "layer.clip_max=0.5", "layer.positions=[dense_3,dense_1]")
+    assert config.clip_bounds(cfg) == (-0.1, 0.5)  # layer.clip_max overrides +clip
+    assert config.positions(cfg) == ["dense_1", "dense_3"]  # model order
+
+
+def test_sweep_jobs_expand_like_the_basic_sweeper(make_cfg):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"hydra": {"sweeper": {"params": {"seed": "0,1"}},
+                                      "overrides": {"task": ["clip=null,0.1,1"]}}})
+    jobs = config.sweep_jobs(cfg)
+    assert len(jobs) == 6 and ["seed=0", "clip=null"] in jobs and ["seed=1", "clip=1"] in jobs

@@ -1,0 +1,121 @@
+"""The seed's arithmetic, exactly, in every execution mode; the layer's statistics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradexp._tf import keras, tf
+from gradexp.layers import STATS, ClipGradient, clip_gradient
+
+MODES = {
+    "eager": lambda f: f,
+    "tf.function": tf.function,
+    "jit_compile": lambda f: tf.function(f, jit_compile=True),
+}
+
+
+def value_and_grad(mode, x, **kwargs):
+    x = tf.Variable(x)
+
+    def f():
+        with tf.GradientTape() as tape:
+            y = clip_gradient(x, **kwargs)
+        return y, tape.gradient(y, x)
+
+    y, dx = MODES[mode](f)()
+    return y.numpy(), dx.numpy()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_seed_table(mode):
+    # x = [1.0], forward 3·x, backward clip_by_value(dy, -0.1, 0.1) → output 3.0, gradient 0.1
+    y, dx = value_and_grad(mode, [1.0], clip_min=-0.1, clip_max=0.1, scale=3.0)
+    assert y.tolist() == [3.0] and dx.tolist() == [np.float32(0.1)]
+    # a plain identity: output 1.0, gradient 1.0
+    y, dx = value_and_grad(mode, [1.0])
+    assert y.tolist() == [1.0] and dx.tolist() == [1.0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_backward_matches_tf_clip_by_value(mode):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5, 7)).astype(np.float32)
+    upstream = rng.normal(size=(5, 7)).astype(np.float32)
+    xv = tf.Variable(x)
+
+    def f():
+        with tf.GradientTape() as tape:
+            y = clip_gradient(xv, -0.3, 0.5, 2.0, -1.5)
+            loss = tf.reduce_sum(y * upstream)
+        return y, tape.gradient(loss, xv)
+
+    y, dx = MODES[mode](f)()
+    np.testing.assert_array_equal(y.numpy(), 2.0 * x)
+    # the backward pass ignores `scale`, applies grad_scale, then clips
+    np.testing.assert_array_equal(dx.numpy(), tf.clip_by_value(-1.5 * upstream, -0.3, 0.5))
+
+
+def test_one_sided_bounds_and_reversal():
+    _, dx = value_and_grad("eager", [1.0, 1.0], clip_max=0.25)
+    assert dx.tolist() == [0.25, 0.25]
+    _, dx = value_and_grad("eager", [1.0], clip_min=2.0)  # a lower bound above dy lifts it
+    assert dx.tolist() == [2.0]
+    _, dx = value_and_grad("eager", [1.0], grad_scale=-1.0)  # gradient reversal
+    assert dx.tolist() == [-1.0]
+
+
+def test_non_finite_gradients_are_not_clipped():
+    x = tf.Variable([1.0, 1.0, 1.0])
+    upstream = tf.constant([np.inf, -np.inf, np.nan])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(clip_gradient(x, -0.1, 0.1) * upstream)
+    dx = tape.gradient(loss, x).numpy()
+    assert dx[0] == np.inf and dx[1] == -np.inf and np.isnan(dx[2])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_layer_statistics_are_the_probe_gradient(mode):
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.normal(size=(8, 6)).astype(np.float32))
+    upstream = rng.normal(scale=0.2, size=(8, 6)).astype(np.float32)
+    layer = ClipGradient(-0.1, 0.2, grad_scale=2.0)
+    layer.build(x.shape)
+
+    def f():
+        with tf.GradientTape() as tape:
+            tape.watch(layer.gradient_stats.value)
+            loss = tf.reduce_sum(layer(x) * upstream)
+        return tape.gradient(loss, layer.gradient_stats.value)
+
+    stats = dict(zip(STATS, MODES[mode](f)().numpy(), strict=True))
+    g = 2.0 * upstream
+    dx = np.clip(g, -0.1, 0.2)
+    assert stats["sum_sq_pre"] == pytest.approx(np.sum(g.astype(np.float64) ** 2), rel=1e-6)
+    assert stats["sum_sq_post"] == pytest.approx(np.sum(dx.astype(np.float64) ** 2), rel=1e-6)
+    assert stats["clipped"] == np.sum(g != dx) > 0
+    assert stats["count"] == g.size
+
+
+def test_layer_config_round_trip_and_saved_model(tmp_path):
+    layer = ClipGradient(clip_min=-0.1, clip_max=0.2, scale=3.0, grad_scale=-1.0, name="clip_a")
+    clone = ClipGradient.from_config(layer.get_config())
+    for key in ("clip_min", "clip_max", "scale", "grad_scale", "name"):
+        assert getattr(clone, key) == getattr(layer, key)
+
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="out")(layer(inputs)))
+    model.save(tmp_path / "m.keras")
+    reloaded = keras.models.load_model(tmp_path / "m.keras")
+    x = tf.constant([[1.0, -2.0, 0.5]])
+    np.testing.assert_array_equal(model(x), reloaded(x))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        a, b = tf.reduce_sum(model(x) * 5.0), tf.reduce_sum(reloaded(x) * 5.0)
+    np.testing.assert_array_equal(tape.gradient(a, x), tape.gradient(b, x))
+    assert reloaded.get_layer("clip_a").get_config() == layer.get_config()
+
+
+def test_bounds_in_the_wrong_order_are_refused():
+    with pytest.raises(ValueError, match="clip_min"):
+        ClipGradient(clip_min=1.0, clip_max=0.0)

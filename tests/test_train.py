@@ -1,0 +1,98 @@
+"""Short real runs composed from the real config; their files read back by TensorBoard's loader."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from conftest import QUICK, gradexp
+from gradexp.train import train
+
+LAYERS = ["dense_1", "dense_2", "dense_3"]
+TAGS = ["loss/train", "loss/val", "accuracy/val", "grad_norm/global", "learning_rate",
+        *[f"grad_norm/{p}/{w}" for p in LAYERS for w in ("pre", "post")],
+        *[f"clip_fraction/{p}" for p in LAYERS]]
+
+
+def events(run_dir):
+    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0, "histograms": 0})
+    acc.Reload()
+    return acc
+
+
+def scalar(acc, tag):
+    return np.array([float(np.frombuffer(e.tensor_proto.tensor_content, np.float32)[0])
+                     if e.tensor_proto.tensor_content else e.tensor_proto.float_val[0]
+                     for e in acc.Tensors(tag)])
+
+
+@pytest.fixture(scope="module")
+def clipped_run(tmp_path_factory):
+    """`python -m gradexp.train clip=0.1` as a user types it (shortened), in a fresh folder."""
+    cwd = tmp_path_factory.mktemp("user")
+    result = gradexp("gradexp.train", *QUICK, "clip=0.1", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = (cwd / "outputs").glob("*/*")
+    return run_dir, result
+
+
+def test_cli_run_leaves_a_complete_run_directory(clipped_run):
+    run_dir, result = clipped_run
+    assert {p.name for p in (run_dir / ".hydra").iterdir()} == {
+        "config.yaml", "hydra.yaml", "overrides.yaml"}
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["diverged"] is False
+    assert summary["steps"] == 30 and summary["config"]["clip"] == 0.1
+    assert "clip=0.1" in summary["overrides"]
+    # progress lines, then one final line with loss, accuracy, time and directory
+    lines = result.stdout.strip().splitlines()
+    assert sum(line.startswith("step ") for line in lines) == 3
+    assert lines[-1].startswith("completed: final loss") and str(run_dir) in lines[-1]
+    assert result.stderr == ""  # no TensorFlow start-up noise
+
+
+def test_tensorboard_reads_every_tag_and_pre_post_differ_when_clipped(clipped_run):
+    run_dir, _ = clipped_run
+    acc = events(run_dir)
+    tags = set(acc.Tags()["tensors"])
+    assert set(TAGS) <= tags
+    assert len(scalar(acc, "loss/train")) == 30
+    assert [e.step for e in acc.Tensors("loss/val")] == [30]
+    assert any(t.startswith("gradients/") for t in acc.Tags()["histograms"] + acc.Tags()["tensors"])
+    for p in LAYERS:
+        pre, post = scalar(acc, f"grad_norm/{p}/pre"), scalar(acc, f"grad_norm/{p}/post")
+        assert np.all(post <= pre + 1e-6)
+    assert np.any(scalar(acc, "grad_norm/dense_3/post") < scalar(acc, "grad_norm/dense_3/pre"))
+    assert scalar(acc, "clip_fraction/dense_3").max() > 0
+    # HParams: the flattened config, as TensorBoard's hparams plugin stores it
+    content = acc.SummaryMetadata("_hparams_/session_start_info").plugin_data.content
+    hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
+    assert hparams["clip"].string_value == "0.1" and hparams["model.width"].number_value == 16
+
+
+def test_metrics_table_matches_the_event_files(clipped_run):
+    run_dir, _ = clipped_run
+    table = pd.read_csv(run_dir / "metrics.csv")
+    acc = events(run_dir)
+    assert list(table["step"]) == list(range(1, 31))
+    for tag in TAGS:
+        column = table[tag].dropna().to_numpy(np.float32)
+        np.testing.assert_array_equal(column, scalar(acc, tag).astype(np.float32))
+
+
+def test_unclipped_run_has_equal_pre_and_post_norms(make_cfg, tmp_path):
+    cfg = make_cfg(*QUICK, "trainer.steps=20", "trainer.eval_every=10")
+    summary = train(cfg, tmp_path)
+    assert summary["status"] == "completed" and summary["val_accuracy"] is not None
+    table = pd.read_csv(tmp_path / "metrics.csv")
+    for p in LAYERS:
+        np.testing.assert_array_equal(table[f"grad_norm/{p}/pre"], table[f"grad_norm/{p}/post"])
+        assert (table[f"clip_fraction/{p}"] == 0).all()
+    assert table["accuracy/val"].notna().sum() == 2
+    assert table["loss/train"].iloc[-1] < table["loss/train"].iloc[0]  # it learns
