@@ -292,13 +292,15 @@ class ValidateBeforeRun(Callback):
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _exit_if_invalid(lambda: validate(config))
+        _exit_if_invalid(lambda: (validate(config), check_device(config.device)))
 
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None,
                           **kwargs: Any) -> None:
         def check_all_jobs():
             for overrides in sweep_jobs(config):
-                validate(compose(config_name=config_name, overrides=overrides))
+                job = compose(config_name=config_name, overrides=overrides)
+                validate(job)
+                check_device(job.device)
 
         _exit_if_invalid(check_all_jobs)
 
@@ -312,6 +314,14 @@ def _exit_if_invalid(check: Callable[[], None]) -> None:
             raise
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def check_device(device: str) -> None:
+    """device=gpu needs a GPU; only this check loads TensorFlow, and only when it is asked."""
+    if device == "gpu":
+        from gradexp.devices import require_gpu
+
+        require_gpu()
 
 
 def sweep_jobs(config: DictConfig) -> list[list[str]]:

@@ -6,18 +6,23 @@ from gradexp._tf import tf
 from gradexp.config import ConfigError
 
 
+def require_gpu() -> None:
+    if not tf.config.list_physical_devices("GPU"):
+        raise ConfigError("device=gpu: no GPU is visible to TensorFlow; use device=auto or cpu")
+
+
 def configure(device: str) -> str:
-    """Apply `device` (auto | cpu | gpu) and return a one-word description of what runs.
+    """Apply `device` (auto | cpu | gpu) and return a short description of what runs.
 
     cpu hides every GPU; gpu requires one; auto uses GPUs when present. GPU memory grows on
-    demand rather than being reserved whole, so sweeps can share a card.
+    demand rather than being reserved whole, so the runs of a sweep can share a card.
     """
     gpus = tf.config.list_physical_devices("GPU")
     if device == "cpu":
         tf.config.set_visible_devices([], "GPU")
         return "cpu"
-    if device == "gpu" and not gpus:
-        raise ConfigError("device=gpu: no GPU is visible to TensorFlow; use device=auto or cpu")
+    if device == "gpu":
+        require_gpu()
     for gpu in gpus:
         try:
             tf.config.experimental.set_memory_growth(gpu, True)

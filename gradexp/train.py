@@ -133,6 +133,7 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
     iterator = iter(train_batches)
     loss_column = names.index("loss/train")
     losses, val, step, diverged_step = [], None, 0, None
+    timed_steps, timed_seconds = 0, 0.0  # training calls after the first (which traces)
     log.info("training %s on %s (%d steps, %s) -> %s", cfg.model.name, cfg.dataset.name,
              t.steps, where, run_dir)
     while step < t.steps and diverged_step is None:
@@ -141,6 +142,8 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
         tick = time.perf_counter()
         rows = train_steps(iterator, tf.constant(n)).numpy()
         seconds = time.perf_counter() - tick
+        if step > 0:
+            timed_steps, timed_seconds = timed_steps + len(rows), timed_seconds + seconds
         steps = step + 1 + np.arange(len(rows))
         step += len(rows)
         losses.extend(rows[:, loss_column])
@@ -163,7 +166,8 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
                "diverged": diverged_step is not None, "diverged_step": diverged_step,
                "steps": step, "final_loss": final["loss"], "val_loss": final["val_loss"],
                "val_accuracy": final["val_accuracy"], "wall_time_s": wall,
-               "steps_per_s": step / wall, "device": where,
+               "steps_per_s": timed_steps / timed_seconds if timed_seconds else None,
+               "device": where,
                "config": OmegaConf.to_container(cfg),
                "overrides": list(overrides)}
     write_json(run_dir / "summary.json", summary)

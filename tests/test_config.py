@@ -21,10 +21,18 @@ BAD = [
     (["+model.extra=1"], "model.extra", "no such key"),
     (["device=tpu"], "device=tpu", "auto, cpu, gpu"),
     (["-m", "clip=0.1,-1"], "clip=-1", "positive number or null"),
+    pytest.param(["device=gpu"], "device=gpu", "device=auto or cpu",
+                 marks=pytest.mark.skipif("has_gpu()", reason="a GPU is visible here")),
 ]
 
 
-@pytest.mark.parametrize(("overrides", "key", "allowed"), BAD, ids=[" ".join(b[0]) for b in BAD])
+def has_gpu() -> bool:
+    from gradexp._tf import tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+@pytest.mark.parametrize(("overrides", "key", "allowed"), BAD, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key, allowed):
     flags = [o for o in overrides if o.startswith("-")]
     values = [o for o in overrides if not o.startswith("-")]
