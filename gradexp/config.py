@@ -37,6 +37,34 @@ class ConfigError(ValueError):
     """A bad setting: the message is one line that names the key and what is allowed."""
 
 
+def need(ok: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise ConfigError('key=value: allowed') unless ok."""
+    if not ok:
+        raise ConfigError(f"{key}={_show(value)}: {allowed}")
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    need(value in allowed, key, value, f"must be one of {', '.join(allowed)}")
+
+
+def at_least(node: Any, minimum: float, *keys: str) -> None:
+    for key in keys:
+        value = getattr(node, key)
+        kind = "an integer" if isinstance(value, int) else "a number"
+        need(value >= minimum, key, value, f"must be {kind} >= {minimum}")
+
+
+# Each group's options: a dataclass whose `check` raises ConfigError for a bad value, naming
+# keys relative to the group (`validate` adds the group's name in front).
+
 # ---------------------------------------------------------------------------------- models
 @dataclass
 class MLPConfig:
@@ -50,6 +78,11 @@ class MLPConfig:
 
     def positions(self) -> list[str]:
         return [f"dense_{i}" for i in range(1, self.depth + 1)]
+
+    def check(self) -> None:
+        at_least(self, 1, "depth", "width")
+        one_of("activation", self.activation, ACTIVATIONS)
+        one_of("initializer", self.initializer, INITIALIZERS)
 
 
 # -------------------------------------------------------------------------------- datasets
@@ -65,6 +98,13 @@ class SyntheticConfig:
     val_fraction: float = MISSING
     seed: int = MISSING  # the data stay the same across run seeds; `seed` varies init and order
 
+    def check(self) -> None:
+        at_least(self, 2, "num_examples", "num_classes")
+        at_least(self, 1, "num_features")
+        need(finite(self.separation) and self.separation >= 0, "separation", self.separation,
+             "must be a number >= 0")
+        check_val_fraction(self.val_fraction)
+
 
 @dataclass
 class DigitsConfig:
@@ -73,6 +113,13 @@ class DigitsConfig:
     name: str = "digits"
     val_fraction: float = MISSING
     seed: int = MISSING
+
+    def check(self) -> None:
+        check_val_fraction(self.val_fraction)
+
+
+def check_val_fraction(value: float) -> None:
+    need(0 < value < 1, "val_fraction", value, "must be between 0 and 1 (exclusive)")
 
 
 # ------------------------------------------------------------------------------ optimizers
@@ -83,6 +130,10 @@ class SGDConfig:
     momentum: float = MISSING
     nesterov: bool = MISSING
 
+    def check(self) -> None:
+        check_learning_rate(self.learning_rate)
+        need(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
+
 
 @dataclass
 class AdamConfig:
@@ -91,6 +142,16 @@ class AdamConfig:
     beta_1: float = MISSING
     beta_2: float = MISSING
     epsilon: float = MISSING
+
+    def check(self) -> None:
+        check_learning_rate(self.learning_rate)
+        for key in ("beta_1", "beta_2"):
+            need(0 <= getattr(self, key) < 1, key, getattr(self, key), "must be in [0, 1)")
+        need(self.epsilon > 0, "epsilon", self.epsilon, "must be a positive number")
+
+
+def check_learning_rate(value: float) -> None:
+    need(finite(value) and value > 0, "learning_rate", value, "must be a positive number")
 
 
 # ------------------------------------------------------------------------ layer and trainer
@@ -108,6 +169,14 @@ class LayerConfig:
     grad_scale: float = MISSING
     positions: Any = MISSING
 
+    def check(self) -> None:
+        for side in ("clip_min", "clip_max"):
+            value = getattr(self, side)
+            need(value is None or not math.isnan(value), side, value, "must be a number or null")
+        need(finite(self.scale), "scale", self.scale, "must be a finite number")
+        need(finite(self.grad_scale), "grad_scale", self.grad_scale,
+             "must be a finite number (negative reverses the gradient)")
+
 
 @dataclass
 class TrainerConfig:
@@ -118,6 +187,14 @@ class TrainerConfig:
     histogram_every: int = MISSING  # gradient histograms in TensorBoard; 0: never
     loss_reduction: str = MISSING  # sum: dy is in per-example units whatever the batch size
     divergence_factor: float = MISSING  # loss above this × the first loss: diverged
+
+    def check(self) -> None:
+        at_least(self, 1, "steps", "batch_size", "log_every", "eval_every")
+        need(self.histogram_every >= 0, "histogram_every", self.histogram_every,
+             "must be an integer >= 0 (0: no histograms)")
+        one_of("loss_reduction", self.loss_reduction, LOSS_REDUCTIONS)
+        need(self.divergence_factor > 1, "divergence_factor", self.divergence_factor,
+             "must be a number > 1")
 
 
 @dataclass
@@ -132,15 +209,19 @@ class Config:
     device: str = MISSING
 
 
+SCHEMAS = {
+    "model": [MLPConfig],
+    "dataset": [SyntheticConfig, DigitsConfig],
+    "optimizer": [SGDConfig, AdamConfig],
+}
+CHECKED = ("model", "dataset", "optimizer", "layer", "trainer")  # nodes with a `check`
+
+
 def register() -> None:
-    """Put the schemas in Hydra's ConfigStore; conf/*.yaml extend them."""
+    """Put the schemas in Hydra's ConfigStore; conf/<group>/<name>.yaml extend them."""
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
-    for group, schemas in {
-        "model": [MLPConfig],
-        "dataset": [SyntheticConfig, DigitsConfig],
-        "optimizer": [SGDConfig, AdamConfig],
-    }.items():
+    for group, schemas in SCHEMAS.items():
         for schema in schemas:
             cs.store(name=f"{group}_{schema().name}_schema", node=schema)
 
@@ -175,70 +256,22 @@ def positions(cfg: DictConfig) -> list[str]:
     return [p for p in available if p in wanted]
 
 
-def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={_show(value)}: {allowed}")
-
-
-def _show(value: Any) -> str:
-    return "null" if value is None else str(value)
-
-
-def _finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
-
-
-def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    _check(value in allowed, key, value, f"must be one of {', '.join(allowed)}")
-
-
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError (one line naming the key) for the first bad value in `cfg`."""
-    _check(cfg.clip is None or (_finite(cfg.clip) and cfg.clip > 0), "clip", cfg.clip,
-           "must be a positive number or null (null: no clipping)")
-    for side in ("clip_min", "clip_max"):
-        v = cfg.layer[side]
-        _check(v is None or not math.isnan(v), f"layer.{side}", v, "must be a number or null")
+    _unknown_keys(cfg)
+    need(cfg.clip is None or (finite(cfg.clip) and cfg.clip > 0), "clip", cfg.clip,
+         "must be a positive number or null (null: no clipping)")
+    one_of("device", cfg.device, DEVICES)
+    for group in CHECKED:
+        try:
+            OmegaConf.to_object(cfg[group]).check()
+        except ConfigError as exc:
+            raise ConfigError(f"{group}.{exc}") from None
     low, high = clip_bounds(cfg)
     if low is not None and high is not None and low > high:
-        raise ConfigError(
-            f"layer.clip_min={_show(low)}, layer.clip_max={_show(high)}: "
-            "clip_min must not exceed clip_max"
-        )
-    _check(_finite(cfg.layer.scale), "layer.scale", cfg.layer.scale, "must be a finite number")
-    _check(_finite(cfg.layer.grad_scale), "layer.grad_scale", cfg.layer.grad_scale,
-           "must be a finite number (negative reverses the gradient)")
-    _choice("device", cfg.device, DEVICES)
-
-    t = cfg.trainer
-    for key in ("steps", "batch_size", "log_every", "eval_every"):
-        _check(t[key] >= 1, f"trainer.{key}", t[key], "must be an integer >= 1")
-    _check(t.histogram_every >= 0, "trainer.histogram_every", t.histogram_every,
-           "must be an integer >= 0 (0: no histograms)")
-    _choice("trainer.loss_reduction", t.loss_reduction, LOSS_REDUCTIONS)
-    _check(t.divergence_factor > 1, "trainer.divergence_factor", t.divergence_factor,
-           "must be a number > 1")
-
-    m = cfg.model
-    for key in ("depth", "width"):
-        _check(m[key] >= 1, f"model.{key}", m[key], "must be an integer >= 1")
-    _choice("model.activation", m.activation, ACTIVATIONS)
-    _choice("model.initializer", m.initializer, INITIALIZERS)
-
-    d = cfg.dataset
-    _check(0 < d.val_fraction < 1, "dataset.val_fraction", d.val_fraction,
-           "must be between 0 and 1 (exclusive)")
-    if d.name == "synthetic":
-        for key in ("num_examples", "num_features"):
-            _check(d[key] >= 1, f"dataset.{key}", d[key], "must be an integer >= 1")
-        _check(d.num_classes >= 2, "dataset.num_classes", d.num_classes,
-               "must be an integer >= 2")
-
-    o = cfg.optimizer
-    _check(_finite(o.learning_rate) and o.learning_rate > 0, "optimizer.learning_rate",
-           o.learning_rate, "must be a positive number")
+        raise ConfigError(f"layer.clip_min={_show(low)}, layer.clip_max={_show(high)}: "
+                          "clip_min must not exceed clip_max")
     positions(cfg)
-    _unknown_keys(cfg)
 
 
 def _unknown_keys(node: DictConfig, prefix: str = "") -> None:
