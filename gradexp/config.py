@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra import compose
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from hydra.experimental.callback import Callback
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
@@ -314,39 +310,6 @@ def explain(exc: BaseException) -> str | None:
     if isinstance(exc, (OverrideParseException, ConfigCompositionException)):
         return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     return None
-
-
-class ValidateBeforeRun(Callback):
-    """Hydra callback: check every job's config before any run directory is made.
-
-    A single run is checked in `on_run_start`; a sweep composes and checks each of its jobs in
-    `on_multirun_start`, so one bad value stops the sweep before its first run. Hydra turns a
-    callback's exceptions into warnings, so a bad value ends the process here, with one line.
-    """
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _exit_if_invalid(lambda: (validate(config), check_device(config.device)))
-
-    def on_multirun_start(self, config: DictConfig, config_name: str | None = None,
-                          **kwargs: Any) -> None:
-        def check_all_jobs():
-            for overrides in sweep_jobs(config):
-                job = compose(config_name=config_name, overrides=overrides)
-                validate(job)
-                check_device(job.device)
-
-        _exit_if_invalid(check_all_jobs)
-
-
-def _exit_if_invalid(check: Callable[[], None]) -> None:
-    try:
-        check()
-    except Exception as exc:
-        message = explain(exc)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def check_device(device: str) -> None:

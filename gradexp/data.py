@@ -14,6 +14,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from gradexp._tf import tf
+from gradexp.config import ConfigError
 
 
 @dataclass
@@ -62,7 +63,7 @@ def load(d: DictConfig) -> Arrays:
 def pipelines(a: Arrays, batch_size: int, seed: int) -> tuple[tf.data.Dataset, tf.data.Dataset]:
     """Endless shuffled training batches (order from `seed`) and one pass of validation batches."""
     if batch_size > len(a.x_train):
-        raise ValueError(f"trainer.batch_size={batch_size}: larger than the "
+        raise ConfigError(f"trainer.batch_size={batch_size}: larger than the "
                          f"{len(a.x_train)} training examples")
     train = (tf.data.Dataset.from_tensor_slices((a.x_train, a.y_train))
              .shuffle(len(a.x_train), seed=seed, reshuffle_each_iteration=True)

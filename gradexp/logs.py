@@ -72,6 +72,51 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+FINAL_METRICS = ("loss", "val_loss", "val_accuracy")
+
+
+def custom_scalars_layout(names: list[str]):
+    """TensorBoard's Custom Scalars page: each clip layer's ‖dy‖ before and after on one chart."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    from tensorboard.plugins.custom_scalar import summary as custom_scalar
+
+    def chart(title: str, pattern: str):
+        return layout_pb2.Chart(
+            title=title, multiline=layout_pb2.MultilineChartContent(tag=[pattern]))
+
+    layers = [n.split("/")[1] for n in names if n.startswith("grad_norm/") and n.endswith("/pre")]
+    clip_charts = [chart(f"{p}: ‖dy‖ before and after the clip", rf"^grad_norm/{p}/(pre|post)$")
+                   for p in layers] + [chart("share of dy clipped", r"^clip_fraction/")]
+    training = [chart("loss", r"^loss/"), chart("parameter gradient norm", r"^grad_norm/global")]
+    return custom_scalar.pb(layout_pb2.Layout(category=[
+        layout_pb2.Category(title="clip layers", chart=clip_charts),
+        layout_pb2.Category(title="training", chart=training)]))
+
+
+def write_hparams_config(sweep_dir: Path, configs: list[DictConfig]) -> None:
+    """The HParams experiment of a sweep: every flattened config key (with the values the sweep
+    takes) and the final metrics, in an event file at the sweep's root.
+
+    Written with TensorBoard's own event writer, so the launching process need not load
+    TensorFlow.
+    """
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.plugins.hparams import api as hp
+    from tensorboard.plugins.hparams import summary_v2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    values: dict[str, set] = {}
+    for cfg in configs:
+        for key, value in hparams(cfg).items():
+            values.setdefault(key, set()).add(value)
+    domains = [hp.HParam(key, hp.Discrete(sorted(v))) for key, v in values.items()]
+    metrics = [hp.Metric(f"final/{name}") for name in FINAL_METRICS]
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    writer = EventFileWriter(str(sweep_dir))
+    writer.add_event(Event(summary=summary_v2.hparams_config_pb(domains, metrics), step=0))
+    writer.close()
+
+
 class RunLog:
     """The writers of one run directory. `names` are the per-step measurements, in row order."""
 
@@ -86,7 +131,9 @@ class RunLog:
         self.table = csv.writer(self._table_file)
         self.table.writerow(["step", *self.names, *VAL_COLUMNS])
         with self.writer.as_default():
-            hp.hparams(hparams(cfg), trial_id=str(run_dir))
+            hp.hparams(hparams(cfg))
+            tf.summary.experimental.write_raw_pb(
+                custom_scalars_layout(self.names).SerializeToString(), step=0)
         self._write_scalars = tf.function(self._scalars)
 
     def _scalars(self, steps, rows):

@@ -20,6 +20,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from gradexp import config
+from gradexp.callbacks import FAILED_RUNS
 from gradexp.logs import write_json
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -57,6 +58,8 @@ def main() -> None:
             raise
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+    if FAILED_RUNS:  # a sweep went on past crashed runs; say so in the exit status
+        sys.exit(1)
 
 
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
@@ -223,4 +226,8 @@ def progress(step, steps, rows, names, val, rate) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    # Run the task as gradexp.train, not __main__: launchers that pickle it (joblib, submitit)
+    # then send a reference, not the function's code, and AutoGraph can still read the source.
+    from gradexp import train as _module
+
+    _module.main()

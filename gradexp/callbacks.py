@@ -1,0 +1,77 @@
+"""Hydra callbacks (listed under `hydra.callbacks` in conf/config.yaml).
+
+- `Checks`: every job's config is validated before any run directory is made; a sweep is
+  checked whole before its first run.
+- `SweepRecord`: a sweep's root gets TensorBoard's HParams experiment config (so the HParams
+  view lists every run with its settings and final metrics) and, at the end, a one-line account
+  of the runs with the command that summarizes them.
+
+Hydra turns a callback's exceptions into warnings, so a bad value ends the process here, with
+one line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from hydra import compose
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from gradexp.config import check_device, explain, sweep_jobs, validate
+
+FAILED_RUNS: list[str] = []  # set at the end of a sweep; the entry point's exit status reads it
+
+
+def _exit_if_invalid(check) -> Any:
+    try:
+        return check()
+    except Exception as exc:
+        message = explain(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+class Checks(Callback):
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_if_invalid(lambda: (validate(config), check_device(config.device)))
+
+    def on_multirun_start(self, config: DictConfig, config_name: str | None = None,
+                          **kwargs: Any) -> None:
+        def check_all_jobs():
+            jobs = [compose(config_name=config_name, overrides=o) for o in sweep_jobs(config)]
+            for job in jobs:
+                validate(job)
+            for device in {job.device for job in jobs}:
+                check_device(device)
+            return jobs
+
+        jobs = _exit_if_invalid(check_all_jobs)
+        from gradexp.logs import write_hparams_config
+
+        write_hparams_config(Path(config.hydra.sweep.dir), jobs)
+
+
+class SweepRecord(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        statuses = {}
+        for summary in sorted(sweep_dir.glob("*/summary.json")):
+            try:
+                statuses[summary.parent.name] = json.loads(summary.read_text())["status"]
+            except (OSError, ValueError, KeyError):
+                statuses[summary.parent.name] = "unreadable"
+        counts = Counter(statuses.values())
+        finished = ("completed", "diverged")
+        FAILED_RUNS[:] = [name for name, s in statuses.items() if s not in finished]
+        account = ", ".join(f"{n} {status}" for status, n in counts.most_common())
+        print(f"sweep: {len(statuses)} runs ({account}) in {sweep_dir}")
+        if FAILED_RUNS:
+            print(f"runs that did not finish: {', '.join(FAILED_RUNS)} (see their summary.json)")
+        print(f"summarize: python -m gradexp.summarize {sweep_dir}")

@@ -1,0 +1,142 @@
+"""Real Hydra multiruns through real launchers, and TensorBoard serving a sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import gradexp
+
+TINY = ["trainer.steps=20", "trainer.log_every=10", "trainer.eval_every=20",
+        "trainer.histogram_every=0", "model.width=8"]
+SWEEP = ["clip=null,0.1", "seed=0,1"]
+
+
+def sweep(cwd: Path, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
+    cwd.mkdir(parents=True, exist_ok=True)
+    result = gradexp("gradexp.train", "-m", *args, *TINY, cwd=cwd, timeout=600)
+    (sweep_dir,) = (cwd / "outputs" / "multirun").glob("*/*")
+    return sweep_dir, result
+
+
+def runs(sweep_dir: Path) -> dict[str, dict]:
+    return {d.name: json.loads((d / "summary.json").read_text())
+            for d in sorted(sweep_dir.iterdir()) if (d / ".hydra").is_dir()}
+
+
+def assert_four_completed_runs(sweep_dir: Path, result) -> None:
+    assert result.returncode == 0, result.stderr
+    done = runs(sweep_dir)
+    assert sorted(done) == ["0", "1", "2", "3"]
+    assert {s["status"] for s in done.values()} == {"completed"}
+    settings = sorted((s["config"]["clip"] is None, s["config"]["seed"]) for s in done.values())
+    assert settings == [(False, 0), (False, 1), (True, 0), (True, 1)]
+    assert (sweep_dir / "multirun.yaml").exists()
+    assert "sweep: 4 runs (4 completed)" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def basic_sweep(tmp_path_factory):
+    return sweep(tmp_path_factory.mktemp("basic"), *SWEEP)
+
+
+def test_basic_launcher(basic_sweep):
+    sweep_dir, result = basic_sweep
+    assert_four_completed_runs(sweep_dir, result)
+    assert (sweep_dir / "0" / ".hydra" / "overrides.yaml").read_text().count("clip=null") == 1
+
+
+def test_joblib_launcher_runs_do_not_leak_into_each_other(tmp_path):
+    # two workers; the same setting three times in one reused worker must give identical runs
+    sweep_dir, result = sweep(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                              *SWEEP)
+    assert_four_completed_runs(sweep_dir, result)
+    again, result = sweep(tmp_path / "again", "hydra/launcher=joblib",
+                          "hydra.launcher.n_jobs=1", "clip=0.1", "seed=1,1,1")
+    assert result.returncode == 0, result.stderr
+    tables = [pd.read_csv(again / n / "metrics.csv") for n in ("0", "1", "2")]
+    for table in tables[1:]:
+        pd.testing.assert_frame_equal(table, tables[0])
+    reference = next(d for d, s in runs(sweep_dir).items()
+                     if (s["config"]["clip"], s["config"]["seed"]) == (0.1, 1))
+    pd.testing.assert_frame_equal(pd.read_csv(sweep_dir / reference / "metrics.csv"), tables[0])
+
+
+def test_submitit_local_launcher(tmp_path):
+    sweep_dir, result = sweep(tmp_path, "hydra/launcher=submitit_local", *SWEEP)
+    assert_four_completed_runs(sweep_dir, result)
+    assert (sweep_dir / ".submitit").is_dir()
+
+
+def test_a_crashed_run_is_recorded_and_the_sweep_goes_on(tmp_path):
+    # a batch larger than the dataset fails inside the run, after the config checks
+    sweep_dir, result = sweep(tmp_path, "trainer.batch_size=100000,16")
+    assert result.returncode == 1
+    done = runs(sweep_dir)
+    assert done["0"]["status"] == "failed" and "trainer.batch_size=100000" in done["0"]["error"]
+    assert done["1"]["status"] == "completed"
+    assert "runs that did not finish: 0" in result.stdout
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, body: dict | None = None):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy
+    with opener.open(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_tensorboard_serves_the_sweep(basic_sweep):
+    sweep_dir, _ = basic_sweep
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(sweep_dir), "--host",
+         "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "NO_PROXY": "*"})
+    base = f"http://127.0.0.1:{port}/data/plugin"
+    try:
+        tags, deadline = {}, time.monotonic() + 90
+        while time.monotonic() < deadline and len(tags) < 4:  # loading is asynchronous: poll
+            try:
+                tags = get(f"{base}/scalars/tags")
+            except OSError:
+                pass
+            time.sleep(1)
+        assert set(tags) >= {"0", "1", "2", "3"}
+        assert {"loss/train", "grad_norm/dense_1/pre", "grad_norm/dense_1/post",
+                "clip_fraction/dense_1", "final/loss"} <= set(tags["2"])
+        points = get(f"{base}/scalars/scalars?run=2&tag=loss/train")
+        assert [p[1] for p in points] == list(range(1, 21))
+
+        experiment = get(f"{base}/hparams/experiment", {"experimentName": ""})
+        infos = {h["name"]: h for h in experiment["hparamInfos"]}
+        assert sorted(infos["clip"]["domainDiscrete"]) == ["0.1", "null"]
+        assert {m["name"]["tag"] for m in experiment["metricInfos"]} >= {"final/loss"}
+        groups = get(f"{base}/hparams/session_groups", {
+            "experimentName": "", "startIndex": 0, "sliceSize": 100,
+            "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
+                                "STATUS_RUNNING"], "colParams": []})
+        assert len(groups["sessionGroups"]) == 4
+        assert {g["hparams"]["clip"] for g in groups["sessionGroups"]} == {"null", "0.1"}
+
+        layout = get(f"{base}/custom_scalars/layout")
+        charts = [c["multiline"]["tag"][0] for cat in layout["category"] for c in cat["chart"]]
+        assert "^grad_norm/dense_1/(pre|post)$" in charts
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
