@@ -27,6 +27,7 @@ INITIALIZERS = (
     "lecun_normal", "orthogonal", "random_normal", "random_uniform",
 )
 LOSS_REDUCTIONS = ("sum", "mean")
+NORM_AXES = ("batch", "example")
 
 
 class ConfigError(ValueError):
@@ -156,11 +157,14 @@ class LayerConfig:
     """The seed's layer: forward y = scale·x, backward dx = clip(grad_scale·dy, clip_min, clip_max).
 
     clip_min / clip_max override the top-level `clip` (which means ±clip); null: no bound.
+    max_norm: then rescale dx to norm <= max_norm, over the batch or per example (norm_axis).
     positions: `all` (after every hidden layer), or a list of the model's position names.
     """
 
     clip_min: float | None = MISSING
     clip_max: float | None = MISSING
+    max_norm: float | None = MISSING
+    norm_axis: str = MISSING
     scale: float = MISSING
     grad_scale: float = MISSING
     positions: Any = MISSING
@@ -169,6 +173,9 @@ class LayerConfig:
         for side in ("clip_min", "clip_max"):
             value = getattr(self, side)
             need(value is None or not math.isnan(value), side, value, "must be a number or null")
+        need(self.max_norm is None or (finite(self.max_norm) and self.max_norm > 0), "max_norm",
+             self.max_norm, "must be a positive number or null")
+        one_of("norm_axis", self.norm_axis, NORM_AXES)
         need(finite(self.scale), "scale", self.scale, "must be a finite number")
         need(finite(self.grad_scale), "grad_scale", self.grad_scale,
              "must be a finite number (negative reverses the gradient)")

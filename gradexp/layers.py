@@ -1,17 +1,25 @@
 """The seed's custom-gradient layer, as a function and as a Keras layer.
 
     forward   y  = scale · x
-    backward  dx = clip_by_value(grad_scale · dy, clip_min, clip_max)
+    backward  g  = grad_scale · dy
+              dx = clip_by_value(g, clip_min, clip_max)                          (the seed)
+              dx = dx · min(1, max_norm / ‖dx‖)    if max_norm is set: the norm over the whole
+                                                   batch, or over each example (norm_axis)
 
 The backward pass does not multiply by `scale` (the seed: x = [1.0], scale 3, bounds ±0.1 gives
 y = [3.0], dx = [0.1]). A bound of None means no bound on that side; `grad_scale` < 0 makes a
-gradient reversal layer. Non-finite elements of dy pass unclipped, so an overflow stays visible.
+gradient reversal layer. Non-finite elements of g pass unclipped (and a norm that is not finite
+rescales nothing), so an overflow stays visible and a loss-scale optimizer can skip the step.
+
+Mixed precision: with a loss scale S the dy arriving here is S times the true one. Given S, the
+backward pass works in float32 on g / S, clips in true units, and hands back S · dx in dy's
+dtype, so a bound means the same in float16 or bfloat16 as in float32.
 
 The layer also reports what its backward pass did, without side effects: it owns a zero vector
 `gradient_stats` (a non-trainable weight) that it passes through the custom gradient as a
-second input, and the "gradient" it returns for that input is
+second input, and the "gradient" it returns for that input is, in true units,
 
-    [Σ g², Σ dx², number of clipped elements, number of elements]      (g = grad_scale · dy)
+    [Σ g², Σ dx², number of elements changed, number of elements]
 
 A training step that watches the vector reads these with `tape.gradient`. The entries add up,
 so they stay right when a layer is applied at many time steps or on several replicas.
@@ -20,60 +28,98 @@ so they stay right when a layer is applied at many time steps or on several repl
 from __future__ import annotations
 
 from gradexp._tf import keras, tf
+from gradexp.config import NORM_AXES
 
 STATS = ("sum_sq_pre", "sum_sq_post", "clipped", "count")
 
 
-def _bound(value: float | None, if_none: float, dtype: tf.DType) -> tf.Tensor:
-    return tf.constant(if_none if value is None else value, dtype)
+def _backward(dy, clip_min, clip_max, max_norm, grad_scale, loss_scale, per_example):
+    """dx and the statistics vector for upstream gradient dy (see the module docstring)."""
+    g = tf.cast(dy, tf.float32) * grad_scale
+    if loss_scale is not None:
+        g = g / loss_scale
+    finite = tf.math.is_finite(g)
+    dx = tf.where(finite, tf.clip_by_value(g, clip_min, clip_max), g)
+    if max_norm is not None:
+        if per_example:
+            axes = list(range(1, len(g.shape))) or None
+            norm = tf.sqrt(tf.reduce_sum(tf.square(dx), axis=axes, keepdims=True))
+        else:
+            norm = tf.norm(dx)
+        factor = tf.where(tf.math.is_finite(norm) & (norm > max_norm),
+                          max_norm / tf.maximum(norm, 1e-30), 1.0)
+        dx = dx * factor
+    stats = tf.stack([
+        tf.reduce_sum(tf.square(g)),
+        tf.reduce_sum(tf.square(dx)),
+        tf.reduce_sum(tf.cast(tf.not_equal(g, dx) & finite, tf.float32)),
+        tf.cast(tf.size(g), tf.float32),
+    ])
+    if loss_scale is not None:
+        dx = dx * loss_scale
+    return tf.cast(dx, dy.dtype), stats
 
 
-@tf.custom_gradient
-def _clip_gradient(x, stats, clip_min, clip_max, scale, grad_scale):
-    # Positional arguments only: tf.custom_gradient drops keyword arguments (tensorflow#65839).
-    def grad(dy):
-        g = grad_scale * dy
-        dx = tf.where(tf.math.is_finite(g), tf.clip_by_value(g, clip_min, clip_max), g)
-        g32, dx32 = tf.cast(g, tf.float32), tf.cast(dx, tf.float32)
-        stats_grad = tf.stack([
-            tf.reduce_sum(tf.square(g32)),
-            tf.reduce_sum(tf.square(dx32)),
-            tf.reduce_sum(tf.cast(tf.not_equal(g32, dx32), tf.float32)),
-            tf.cast(tf.size(g32), tf.float32),
-        ])
-        return dx, tf.cast(stats_grad, stats.dtype), None, None, None, None
+def clip_gradient(x, clip_min=None, clip_max=None, scale=1.0, grad_scale=1.0, *,
+                  max_norm=None, norm_axis="batch", loss_scale=None, stats=None):
+    """y = scale·x forward; dx = clip_by_value(grad_scale·dy, clip_min, clip_max) backward.
 
-    return scale * x, grad
-
-
-def clip_gradient(x, clip_min=None, clip_max=None, scale=1.0, grad_scale=1.0, stats=None):
-    """y = scale·x on the way forward; dx = clip_by_value(grad_scale·dy, clip_min, clip_max) back.
-
-    `stats` (optional, a float32 vector of 4 zeros the caller watches) receives the backward
-    pass's statistics as its gradient; see the module docstring.
+    max_norm / norm_axis add a norm bound on dx; loss_scale (a float32 scalar tensor or
+    variable) is the mixed-precision loss scale dy carries; `stats` (a float32 vector of 4
+    zeros the caller watches) receives the backward pass's statistics as its gradient.
     """
+    if norm_axis not in NORM_AXES:
+        raise ValueError(f"norm_axis={norm_axis}: must be one of {', '.join(NORM_AXES)}")
     x = tf.convert_to_tensor(x)
-    dtype = x.dtype
     if stats is None:
         stats = tf.zeros([len(STATS)], tf.float32)
-    return _clip_gradient(
-        x, stats,
-        _bound(clip_min, float("-inf"), dtype), _bound(clip_max, float("inf"), dtype),
-        tf.constant(scale, dtype), tf.constant(grad_scale, dtype),
-    )
+    low = tf.constant(float("-inf") if clip_min is None else clip_min, tf.float32)
+    high = tf.constant(float("inf") if clip_max is None else clip_max, tf.float32)
+    norm_bound = None if max_norm is None else tf.constant(max_norm, tf.float32)
+    backward_scale = tf.constant(grad_scale, tf.float32)
+    forward_scale = tf.constant(scale, x.dtype)
+
+    # Only tensors cross tf.custom_gradient, positionally (it drops keyword arguments,
+    # tensorflow#65839); the loss scale is read inside the backward pass, when it is known.
+    @tf.custom_gradient
+    def op(x, stats):
+        def grad(dy):
+            s = None if loss_scale is None else tf.cast(tf.convert_to_tensor(loss_scale),
+                                                        tf.float32)
+            dx, stats_grad = _backward(dy, low, high, norm_bound, backward_scale, s,
+                                       norm_axis == "example")
+            return dx, stats_grad
+
+        return forward_scale * x, grad
+
+    return op(x, stats)
 
 
 @keras.saving.register_keras_serializable(package="gradexp")
 class ClipGradient(keras.layers.Layer):
-    """Keras layer form of `clip_gradient`; its `gradient_stats` weight carries the statistics."""
+    """Keras layer form of `clip_gradient`; its `gradient_stats` weight carries the statistics.
 
-    def __init__(self, clip_min=None, clip_max=None, scale=1.0, grad_scale=1.0, **kwargs):
+    `follow_loss_scale(variable)` tells the layer where the mixed-precision loss scale lives
+    (e.g. a LossScaleOptimizer's `dynamic_scale`); it is not part of the layer's config.
+    """
+
+    def __init__(self, clip_min=None, clip_max=None, scale=1.0, grad_scale=1.0,
+                 max_norm=None, norm_axis="batch", **kwargs):
         super().__init__(**kwargs)
         if clip_min is not None and clip_max is not None and clip_min > clip_max:
             raise ValueError(f"clip_min={clip_min} exceeds clip_max={clip_max}")
+        if max_norm is not None and not max_norm > 0:
+            raise ValueError(f"max_norm={max_norm}: must be positive")
+        if norm_axis not in NORM_AXES:
+            raise ValueError(f"norm_axis={norm_axis}: must be one of {', '.join(NORM_AXES)}")
         self.clip_min, self.clip_max = clip_min, clip_max
         self.scale, self.grad_scale = scale, grad_scale
+        self.max_norm, self.norm_axis = max_norm, norm_axis
+        self._loss_scale = lambda: None  # a function, so Keras does not track the variable
         self.supports_masking = True
+
+    def follow_loss_scale(self, variable) -> None:
+        self._loss_scale = lambda: variable
 
     def build(self, input_shape):
         self.gradient_stats = self.add_weight(
@@ -82,12 +128,15 @@ class ClipGradient(keras.layers.Layer):
         )
 
     def call(self, x):
-        return clip_gradient(x, self.clip_min, self.clip_max, self.scale, self.grad_scale,
-                             tf.convert_to_tensor(self.gradient_stats))
+        return clip_gradient(
+            x, self.clip_min, self.clip_max, self.scale, self.grad_scale,
+            max_norm=self.max_norm, norm_axis=self.norm_axis, loss_scale=self._loss_scale(),
+            stats=tf.convert_to_tensor(self.gradient_stats))
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self):
         return {**super().get_config(), "clip_min": self.clip_min, "clip_max": self.clip_max,
-                "scale": self.scale, "grad_scale": self.grad_scale}
+                "scale": self.scale, "grad_scale": self.grad_scale, "max_norm": self.max_norm,
+                "norm_axis": self.norm_axis}

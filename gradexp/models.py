@@ -41,6 +41,7 @@ def build(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> ke
         if name not in chosen:
             return x
         return ClipGradient(clip_min, clip_max, cfg.layer.scale, cfg.layer.grad_scale,
+                            max_norm=cfg.layer.max_norm, norm_axis=cfg.layer.norm_axis,
                             name=f"clip_{name}")(x)
 
     inputs = keras.Input(input_shape, name="inputs")

@@ -119,3 +119,51 @@ def test_layer_config_round_trip_and_saved_model(tmp_path):
 def test_bounds_in_the_wrong_order_are_refused():
     with pytest.raises(ValueError, match="clip_min"):
         ClipGradient(clip_min=1.0, clip_max=0.0)
+
+
+def backward(dy, dtype=tf.float32, **kwargs):
+    """dx of clip_gradient for upstream gradient dy (x = ones of dy's shape, in `dtype`)."""
+    x = tf.ones(dy.shape, dtype)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = tf.reduce_sum(clip_gradient(x, **kwargs) * tf.cast(dy, dtype))
+    return tape.gradient(loss, x)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_norm_bound_per_batch_and_per_example_match_tf_clip_by_norm(mode):
+    dy = tf.constant(np.random.default_rng(2).normal(size=(4, 3, 5)).astype(np.float32))
+    per_batch = MODES[mode](lambda: backward(dy, max_norm=1.5))()
+    np.testing.assert_allclose(per_batch, tf.clip_by_norm(dy, 1.5), rtol=1e-6)
+    per_example = MODES[mode](lambda: backward(dy, max_norm=1.5, norm_axis="example"))()
+    expected = tf.stack([tf.clip_by_norm(dy[i], 1.5) for i in range(4)])
+    np.testing.assert_allclose(per_example, expected, rtol=1e-6)
+    large = MODES[mode](lambda: backward(dy, max_norm=1e6, norm_axis="example"))()
+    np.testing.assert_array_equal(large, dy)  # a bound above every norm is the identity
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("kwargs", [
+    {"clip_min": -0.1, "clip_max": 0.1},
+    {"max_norm": 0.5, "norm_axis": "example"},
+])
+def test_mixed_precision_clips_in_true_units(dtype, kwargs):
+    # dy arrives multiplied by the loss scale S; the layer unscales, clips, rescales
+    rng = np.random.default_rng(3)
+    dy = tf.constant(rng.normal(scale=0.2, size=(8, 16)).astype(np.float32))
+    reference = backward(dy, **kwargs)
+    loss_scale = tf.Variable(2.0**15)
+    scaled = backward(dy * loss_scale, dtype, loss_scale=loss_scale, **kwargs)
+    assert scaled.dtype == dtype
+    true_units = tf.cast(scaled, tf.float32) / loss_scale
+    tolerance = 1e-2 if dtype == tf.bfloat16 else 1e-3  # the rounding of dy to 16 bits
+    np.testing.assert_allclose(true_units, reference, rtol=tolerance, atol=tolerance * 0.1)
+    assert np.max(np.abs(reference)) > 0  # and the clip was active:
+    assert not np.allclose(reference, dy)
+
+
+def test_non_finite_dy_survives_the_loss_scale_path():
+    dy = tf.constant([[np.inf, 1.0], [np.nan, -1.0]])
+    dx = backward(dy, tf.float16, clip_min=-0.1, clip_max=0.1, max_norm=0.05,
+                  loss_scale=tf.constant(4.0)).numpy()
+    assert dx[0, 0] == np.inf and np.isnan(dx[1, 0])  # the loss-scale optimizer can skip
