@@ -379,13 +379,15 @@ def last_evaluated(values: np.ndarray) -> float:
     return float(evaluated[-1]) if len(evaluated) else math.nan
 
 
-def loss_spikes(loss: np.ndarray, factor: float = 2.0, window: int = 20) -> int:
+def loss_spikes(loss: np.ndarray, factor: float = 2.0, window: int = 20) -> float:
     """#{t : loss_t > factor · mean(loss_{t-window} … loss_{t-1})}: steps whose loss is more than
     `factor` times the mean of the (up to) `window` steps before it; the first step has no
-    steps before it and is never a spike."""
+    steps before it and is never a spike. NaN without steps (not 0: nothing was measured)."""
     loss = np.asarray(loss, float)
+    if not len(loss):
+        return math.nan
     preceding_mean = trailing_mean(loss, window)[:-1]  # of steps ≤ t-1, for t = 2 … n
-    return int(np.sum(loss[1:] > factor * preceding_mean))
+    return float(np.sum(loss[1:] > factor * preceding_mean))
 
 
 def mean_loss(loss: np.ndarray) -> float:

@@ -131,8 +131,9 @@ def test_divergence(tmp_path, losses, norms, factor, step):
     finite = losses[: int(step) - 1] if not math.isnan(step) else losses
     if finite:
         assert m["mean_loss"] == pytest.approx(np.mean(finite))
-    else:  # diverged at its first step: nothing to measure
+    else:  # diverged at its first step: nothing to measure (no spikes is not "0 spikes")
         assert math.isnan(m["mean_loss"]) and math.isnan(m["final_loss"])
+        assert math.isnan(m["loss_spikes"]) and math.isnan(m["grad_norm_cv"])
 
 
 def test_reported_divergence_counts_even_when_the_rows_look_fine(tmp_path):
@@ -352,6 +353,8 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert S.main([str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'empty'}: no readable runs\n"
     write_run(tmp_path / "one", ["clip=0.1"], ending_at(1.0))
+    assert S.main([str(tmp_path / "one")]) == 0  # the default baseline may be absent: a note
+    assert "note: no run has clip=null: no comparisons" in capsys.readouterr().out
     assert S.main([str(tmp_path / "one"), "--baseline", "clip=none"]) == 2
     assert capsys.readouterr().err == ("error: --baseline clip=none: no run has clip=none "
                                        "(clip values: 0.1)\n")
