@@ -985,8 +985,8 @@ def choose_baseline(requested: tuple[str, str] | None, runs_table: pd.DataFrame,
         return default_baseline(keys)
     key, value = requested
     if key not in keys:
-        raise UsageError(f"--baseline {key}={value}: {key} is not a swept key "
-                         f"(keys: {', '.join(keys)})")
+        swept = "no key but the seed varies" if keys == [ONE_GROUP] else "keys: " + ", ".join(keys)
+        raise UsageError(f"--baseline {key}={value}: {key} is not a swept key ({swept})")
     if not (runs_table[key] == value).any():
         values = ", ".join(sorted(runs_table[key].unique()))
         raise UsageError(f"--baseline {key}={value}: no run has {key}={value} "
