@@ -1,0 +1,1038 @@
+"""Summarize a sweep: how much more (or less) stably each setting trained than its baseline.
+
+    python -m gradexp.summarize outputs/multirun/<date>/<time> [--baseline clip=null] [--plots]
+
+The module reads top to bottom: reading run directories (`load_runs`), grouping them by their
+overrides (`group_values`), the per-run stability metrics (one small function each, formula in
+the docstring; `run_metrics` applies them), the comparison of each group with its matching
+baseline group over paired seeds (`compare`), then the outputs (table, CSV, markdown, plots) and
+`main`. Nothing here imports TensorFlow; only the event-file fallback does, and only when needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+# yaml's C loader reads a run's small YAML files ~10x faster than the pure-Python one.
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+DEFAULT_BASELINES = (("clip", "null"), ("clipping", "none"))
+SEED_KEY = "seed"
+LOSS, GRAD_NORM = "loss/train", "grad_norm/global"
+REQUIRED_COLUMNS = ("step", LOSS)
+UNSET = "(unset)"  # a swept key that neither a run's overrides nor its config has
+ONE_GROUP = "sweep"  # the key of the single group when no key but the seed was swept
+
+# Each metric and which direction is better (None: no "better", so no win rate).
+METRICS: dict[str, str | None] = {
+    "diverged": "lower",
+    "diverged_step": None,
+    "final_loss": "lower",
+    "val_loss": "lower",
+    "val_accuracy": "higher",
+    "loss_spikes": "lower",
+    "mean_loss": "lower",
+    "grad_norm_mean": None,
+    "grad_norm_cv": "lower",
+    "grad_norm_p99_p50": "lower",
+    "grad_norm_max": "lower",
+    "clip_fraction": None,
+    "steps_to_target": "lower",
+}
+COUNTS = ("runs", "completed", "diverged", "failed", "incomplete")
+# summary.csv's columns after the group's keys and label: one row per group × metric
+SUMMARY_COLUMNS = ["metric", "better", "n", "mean", "std", "ci_low", "ci_high",
+                   "baseline", "n_paired", "n_diff", "diff_mean", "diff_ci_low", "diff_ci_high",
+                   "wins", "ties", "win_rate", *COUNTS, "divergence_rate", "target_loss"]
+PRINTED = ("final_loss", "val_accuracy", "loss_spikes", "grad_norm_cv", "steps_to_target",
+           "clip_fraction")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The knobs of the metrics (see `--help`)."""
+
+    final_fraction: float = 0.1
+    spike_factor: float = 2.0
+    spike_window: int = 20
+    target_loss: float | None = None  # None: each group's baseline group's mean final loss
+
+
+DEFAULTS = Settings()
+
+
+@dataclass
+class Run:
+    """One readable run directory. `metrics` is None for a failed run (counted, not measured)."""
+
+    name: str  # the directory relative to the summarized folder
+    overrides: dict[str, str]
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    status: str  # completed | diverged | running | failed | unknown (no summary.json)
+    metrics: pd.DataFrame | None = field(default=None, repr=False)
+
+
+class Unreadable(Exception):
+    """A run directory that cannot be summarized; the message is the reason shown to the user."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading runs
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Every directory under `root` (itself included) that holds `.hydra/`, or that holds a
+    metrics.csv or summary.json (so that a run missing `.hydra/` is reported, not ignored)."""
+    markers = [".hydra", "metrics.csv", "summary.json"]
+    found = {p.parent for marker in markers for p in root.rglob(marker)}
+    return sorted(found, key=lambda p: _natural_path(p.relative_to(root)))
+
+
+def _natural_path(path: Path) -> tuple:
+    # "10" after "9": sweep job numbers sort as numbers
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in path.parts)
+
+
+def load_runs(root: Path | str) -> tuple[list[Run], list[tuple[str, str]]]:
+    """Read every run under `root` → (runs, skipped). `skipped` holds (directory, reason) for
+    each run left out of the statistics; failed runs are among them and also in `runs` (with
+    `metrics=None`) so that their group counts them."""
+    root = Path(root)
+    runs, skipped = [], []
+    for run_dir in find_run_dirs(root):
+        name = str(run_dir.relative_to(root))
+        try:
+            run = read_run(run_dir, name)
+        except Unreadable as reason:
+            skipped.append((name, str(reason)))
+            continue
+        runs.append(run)
+        if run.status == "failed":
+            skipped.append((name, f"failed: {run.summary.get('error', 'no error recorded')}"))
+    return runs, skipped
+
+
+def read_run(run_dir: Path, name: str = ".") -> Run:
+    """One run directory → Run; raises Unreadable with the reason."""
+    hydra_dir = run_dir / ".hydra"
+    if not hydra_dir.is_dir():
+        raise Unreadable("no .hydra/ (not a Hydra run directory)")
+    overrides = parse_overrides(_read_yaml(hydra_dir / "overrides.yaml", list))
+    summary = read_summary(run_dir / "summary.json")
+    config = summary.get("config") or {}
+    if (hydra_dir / "config.yaml").exists():
+        config = _read_yaml(hydra_dir / "config.yaml", dict)
+    status = summary.get("status", "unknown")
+    if status == "failed":
+        return Run(name, overrides, config, summary, status)
+    if (run_dir / "metrics.csv").exists():
+        # a killed run may have died while writing a row: drop that row, keep the rest
+        metrics = read_metrics(run_dir / "metrics.csv",
+                               partial_last_row=status in ("running", "unknown"))
+    else:
+        metrics = read_events(run_dir)
+    return Run(name, overrides, config, summary, status, metrics)
+
+
+def _read_yaml(path: Path, kind: type) -> Any:
+    try:
+        data = yaml.load(path.read_text(), Loader=YAML_LOADER)
+    except FileNotFoundError:
+        raise Unreadable(f"no {path.parent.name}/{path.name}") from None
+    except yaml.YAMLError as exc:
+        reason = f"{path.parent.name}/{path.name} is not YAML ({exc.__class__.__name__})"
+        raise Unreadable(reason) from None
+    if not isinstance(data, kind):
+        raise Unreadable(f"{path.parent.name}/{path.name} is not a YAML {kind.__name__}")
+    return data
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """summary.json as a dict; {} when absent (a run killed before writing it)."""
+    if not path.exists():
+        return {}
+    try:
+        summary = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Unreadable(f"summary.json is not JSON ({exc})") from None
+    if not isinstance(summary, dict):
+        raise Unreadable("summary.json is not a JSON object")
+    return summary
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, str]:
+    """Hydra's override strings → {key: value as written}. `+key=v`, `++key=v` and `~key=v`
+    lose their prefix; `~key` (a deletion, no value) becomes {key: "~"}."""
+    parsed = {}
+    for override in map(str, overrides):
+        key, has_value, value = override.partition("=")
+        parsed[key.lstrip("+~")] = value if has_value else "~"
+    return parsed
+
+
+def read_metrics(path: Path, partial_last_row: bool = False) -> pd.DataFrame:
+    """metrics.csv → DataFrame, one row per step. Every line must have the header's number of
+    fields (pandas would silently pad a short one with NaN, which reads like a diverged loss);
+    with `partial_last_row` an unfinished last line is dropped instead of refused."""
+    text = path.read_text(errors="replace")
+    if not text.strip():
+        raise Unreadable("metrics.csv is empty")
+    lines = text.splitlines()
+    fields = lines[0].count(",")
+    if partial_last_row and (not text.endswith("\n") or lines[-1].count(",") != fields):
+        lines = lines[:-1]
+    elif not text.endswith("\n"):
+        raise Unreadable("metrics.csv is truncated (its last line is unfinished)")
+    body = "\n".join(lines)
+    if body.count(",") != fields * len(lines):  # one C-speed count; look for the line if off
+        line = next(i for i, line in enumerate(lines) if line.count(",") != fields)
+        raise Unreadable(f"metrics.csv is truncated or corrupt (line {line + 1} has "
+                         f"{lines[line].count(',') + 1} fields, the header {fields + 1})")
+    try:
+        table = pd.read_csv(io.StringIO(body))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
+        raise Unreadable(f"metrics.csv is corrupt ({exc})") from None
+    return _checked(table, "metrics.csv")
+
+
+def read_events(run_dir: Path) -> pd.DataFrame:
+    """The run's TensorBoard event files → the same table as metrics.csv (the fallback when a
+    run has no metrics.csv). Reading events is slow (and loads TensorFlow): only done here."""
+    if not list(run_dir.glob("events.out.tfevents.*")):
+        raise Unreadable("no metrics.csv and no event files")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    # the reader loads TensorFlow on Reload; loaded first through gradexp._tf, it stays quiet
+    import gradexp._tf  # noqa: F401
+
+    events = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    try:
+        events.Reload()
+    except Exception as exc:  # a corrupt event file raises anything from proto decoding
+        raise Unreadable(f"event files unreadable ({exc.__class__.__name__}: {exc})") from None
+    columns = {}
+    for tag in events.Tags()["tensors"]:
+        if events.SummaryMetadata(tag).plugin_data.plugin_name != "scalars":
+            continue  # histograms, HParams
+        if tag.startswith("final/"):
+            continue  # the run's final figures, not a per-step series
+        values = {e.step: float(make_ndarray(e.tensor_proto)) for e in events.Tensors(tag)}
+        columns[tag] = pd.Series(values, dtype=float)
+    if LOSS not in columns:
+        raise Unreadable(f"no metrics.csv, and the event files have no {LOSS}")
+    table = pd.DataFrame(columns).sort_index().rename_axis("step").reset_index()
+    return _checked(table, "event files")
+
+
+def _checked(table: pd.DataFrame, source: str) -> pd.DataFrame:
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    if missing:
+        raise Unreadable(f"{source} has no column {', '.join(missing)}")
+    if table.empty:
+        raise Unreadable(f"{source} has no steps")
+    step = pd.to_numeric(table["step"], errors="coerce")
+    if step.isna().any() or not step.is_monotonic_increasing or not step.is_unique:
+        raise Unreadable(f"{source}: the step column is not increasing whole numbers")
+    # astype copies the whole table (~2 ms a run): only when the steps are not integers yet
+    return table if pd.api.types.is_integer_dtype(step) else table.astype({"step": int})
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups: runs that differ only in their seed
+
+
+def grouping_keys(runs: list[Run]) -> list[str]:
+    """Every override key of any run except the seed and Hydra's own (`hydra/...`, `hydra.*`),
+    in the order they first appear; [`sweep`] (one group, `sweep=all`) if there is none."""
+    keys = dict.fromkeys(key for run in runs for key in run.overrides)
+    return [k for k in keys if k != SEED_KEY and k != "hydra"
+            and not k.startswith(("hydra/", "hydra."))] or [ONE_GROUP]
+
+
+def group_values(runs: list[Run], keys: list[str]) -> pd.DataFrame:
+    """One row per run, one string column per key and `seed`: each value as written in the run's
+    overrides, else taken from its config (a config group such as `model` by its `name`). A
+    config value takes the spelling that other runs wrote for the same value (`null`, `0.1`),
+    so that `clip=null` and a run without a clip override land in the same group."""
+    table = pd.DataFrame(
+        [[_value(run, key) for key in [*keys, SEED_KEY]] for run in runs],
+        columns=[*keys, SEED_KEY], dtype=object)
+    for column in table:
+        written = {v for run in runs if (v := run.overrides.get(column)) is not None}
+        from_config = [run.overrides.get(column) is None for run in runs]
+        table.loc[from_config, column] = [_spelled_as(v, written)
+                                          for v in table.loc[from_config, column]]
+    return table.map(_as_text)
+
+
+def _value(run: Run, key: str) -> Any:
+    if key == ONE_GROUP:
+        return "all"
+    if key in run.overrides:
+        return run.overrides[key]
+    node: Any = run.config
+    for part in key.replace("/", ".").split("."):
+        if not isinstance(node, dict) or part not in node:
+            return UNSET
+        node = node[part]
+    return node.get("name", UNSET) if isinstance(node, dict) else node
+
+
+def _spelled_as(value: Any, written: set[str]) -> Any:
+    for text in written:
+        if _parse_scalar(text) == value:
+            return text
+    return value
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        value = yaml.load(text, Loader=YAML_LOADER)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):  # YAML 1.1 reads 1e-3 as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+def _as_text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ",".join(map(_as_text, value)) + "]"
+    return str(value)
+
+
+def default_baseline(keys: list[str]) -> tuple[str, str] | None:
+    """`clip=null` if clip is swept, else `clipping=none` if clipping is, else none."""
+    return next(((k, v) for k, v in DEFAULT_BASELINES if k in keys), None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-run metrics: one function each, on numpy arrays (pandas' per-call overhead would dominate:
+# a sweep of 100 runs × 1000 steps is summarized in well under a second). A diverged run is
+# measured on its steps before the divergence (`steps_before_divergence`); that it diverged is
+# reported by `diverged`.
+
+
+def trailing_mean(x: np.ndarray, window: int) -> np.ndarray:
+    """m_t = mean(x_{t-window+1} … x_t) over the up-to-`window` values that exist (m_1 = x_1)."""
+    sums = np.concatenate([[0.0], np.cumsum(x)])
+    t = np.arange(1, len(x) + 1)
+    start = np.maximum(t - window, 0)
+    return (sums[t] - sums[start]) / (t - start)
+
+
+def divergence_step(table: pd.DataFrame, factor: float, reported_step: float = math.nan) -> float:
+    """The step at which the run diverged, NaN if it did not: the earliest of the step the run
+    reported (summary.json) and the first step t with
+
+        loss_t not finite  or  grad_norm_t not finite  or  loss_t > factor · loss_1
+
+    where loss_1 is the loss of the run's first step (the trainer's own rule, train.py)."""
+    loss = table[LOSS].to_numpy(float)
+    bad = ~np.isfinite(loss) | (loss > factor * loss[0])
+    if GRAD_NORM in table:
+        bad |= ~np.isfinite(table[GRAD_NORM].to_numpy(float))
+    found = float(table["step"].to_numpy()[np.argmax(bad)]) if bad.any() else math.nan
+    return float(np.fmin(found, reported_step))
+
+
+def steps_before_divergence(table: pd.DataFrame, diverged_at: float) -> pd.DataFrame:
+    """The rows with step < diverged_at (all rows when the run did not diverge)."""
+    if math.isnan(diverged_at):
+        return table
+    return table.iloc[: int(np.searchsorted(table["step"].to_numpy(), diverged_at))]
+
+
+def final_loss(loss: np.ndarray, fraction: float = 0.1) -> float:
+    """mean(loss_t) over the last max(1, ⌊fraction · n⌋) of the n steps (as summary.json)."""
+    loss = np.asarray(loss, float)
+    if not len(loss):
+        return math.nan
+    last = max(1, math.floor(fraction * len(loss) + 1e-9))  # 1e-9: 0.1 · 30 is 3.0000000000000004
+    return float(loss[-last:].mean())
+
+
+def last_evaluated(values: np.ndarray) -> float:
+    """The last value that is not blank (validation columns are filled at evaluation steps)."""
+    values = np.asarray(values, float)
+    evaluated = values[~np.isnan(values)]
+    return float(evaluated[-1]) if len(evaluated) else math.nan
+
+
+def loss_spikes(loss: np.ndarray, factor: float = 2.0, window: int = 20) -> float:
+    """#{t : loss_t > factor · mean(loss_{t-window} … loss_{t-1})}: steps whose loss is more than
+    `factor` times the mean of the (up to) `window` steps before it; the first step has no
+    steps before it and is never a spike. NaN without steps (not 0: nothing was measured)."""
+    loss = np.asarray(loss, float)
+    if not len(loss):
+        return math.nan
+    preceding_mean = trailing_mean(loss, window)[:-1]  # of steps ≤ t-1, for t = 2 … n
+    return float(np.sum(loss[1:] > factor * preceding_mean))
+
+
+def mean_loss(loss: np.ndarray) -> float:
+    """mean(loss_t) over all the steps."""
+    return float(np.mean(loss)) if len(loss) else math.nan
+
+
+def grad_norm_mean(norm: np.ndarray) -> float:
+    """mean(g) of the global gradient norm g over the steps."""
+    return float(np.mean(norm)) if len(norm) else math.nan
+
+
+def grad_norm_cv(norm: np.ndarray) -> float:
+    """std(g) / mean(g) of the global gradient norm g over the steps (std with ddof=0)."""
+    norm = np.asarray(norm, float)
+    mean = norm.mean() if len(norm) else math.nan
+    return float(norm.std() / mean) if mean > 0 else math.nan
+
+
+def grad_norm_p99_p50(norm: np.ndarray) -> float:
+    """percentile_99(g) / percentile_50(g) (numpy's linear interpolation): how heavy the tail of
+    the gradient norm is compared with its median."""
+    if not len(norm):
+        return math.nan
+    p99, p50 = np.percentile(np.asarray(norm, float), [99, 50])
+    return float(p99 / p50) if p50 > 0 else math.nan
+
+
+def grad_norm_max(norm: np.ndarray) -> float:
+    """max(g) over the steps."""
+    return float(np.max(norm)) if len(norm) else math.nan
+
+
+def clip_fraction(table: pd.DataFrame) -> float:
+    """The mean over steps and over every `clip_fraction/<position>` column; 0 without any
+    (no clip layer reports clipping)."""
+    columns = [c for c in table.columns if c.startswith("clip_fraction/")]
+    if not columns:
+        return 0.0
+    if not len(table):
+        return math.nan
+    return float(np.mean([table[c].to_numpy(float) for c in columns]))  # no DataFrame copy
+
+
+def steps_to_target(loss: np.ndarray, steps: np.ndarray, target: float,
+                    window: int = 20) -> float:
+    """The first step t with mean(loss_{t-window+1} … loss_t) ≤ target (a trailing mean over up
+    to `window` steps, so one lucky batch does not count); NaN if never (or no target)."""
+    if math.isnan(target) or not len(loss):
+        return math.nan
+    reached = trailing_mean(np.asarray(loss, float), window) <= target
+    return float(np.asarray(steps)[np.argmax(reached)]) if reached.any() else math.nan
+
+
+def run_metrics(table: pd.DataFrame, settings: Settings = DEFAULTS, divergence_factor=1000.0,
+                reported_diverged_step: float = math.nan, target_loss: float = math.nan) -> dict:
+    """Every metric of one run's table (one row per step). All but `diverged` and
+    `diverged_step` are measured on the steps before the divergence."""
+    diverged_at = divergence_step(table, divergence_factor, reported_diverged_step)
+    part = steps_before_divergence(table, diverged_at)
+    loss = part[LOSS].to_numpy(float)
+    norm = part[GRAD_NORM].to_numpy(float) if GRAD_NORM in part else np.array([])
+    column = {c: part[c].to_numpy(float) if c in part else np.array([])
+              for c in ("loss/val", "accuracy/val")}
+    return {
+        "diverged": float(not math.isnan(diverged_at)),
+        "diverged_step": diverged_at,
+        "final_loss": final_loss(loss, settings.final_fraction),
+        "val_loss": last_evaluated(column["loss/val"]),
+        "val_accuracy": last_evaluated(column["accuracy/val"]),
+        "loss_spikes": loss_spikes(loss, settings.spike_factor, settings.spike_window),
+        "mean_loss": mean_loss(loss),
+        "grad_norm_mean": grad_norm_mean(norm),
+        "grad_norm_cv": grad_norm_cv(norm),
+        "grad_norm_p99_p50": grad_norm_p99_p50(norm),
+        "grad_norm_max": grad_norm_max(norm),
+        "clip_fraction": clip_fraction(part),
+        "steps_to_target": steps_to_target(loss, part["step"].to_numpy(), target_loss,
+                                           settings.spike_window),
+    }
+
+
+def _divergence_factor(run: Run) -> float:
+    factor = (run.config.get("trainer") or {}).get("divergence_factor")
+    return 1000.0 if factor is None else float(factor)
+
+
+def _reported_step(run: Run) -> float:
+    """The step summary.json says the run diverged at; its last step if it says diverged
+    without a step (the trainer stops at the step that diverged)."""
+    step = run.summary.get("diverged_step")
+    if step is None and run.summary.get("diverged"):
+        step = run.metrics["step"].iloc[-1]
+    return math.nan if step is None else float(step)
+
+
+def per_run_table(runs: list[Run], keys: list[str], settings: Settings,
+                  baseline: tuple[str, str] | None) -> pd.DataFrame:
+    """One row per run: its directory, status, group values, seed and metrics (NaN for a failed
+    run). `steps_to_target` needs the target, which needs every run's final loss: two passes."""
+    values = group_values(runs, keys)
+    rows = [run_metrics(run.metrics, settings, _divergence_factor(run), _reported_step(run))
+            if run.metrics is not None else dict.fromkeys(METRICS, math.nan) for run in runs]
+    table = pd.concat([pd.DataFrame({"run": [r.name for r in runs],
+                                     "status": [r.status for r in runs]}),
+                       values, pd.DataFrame(rows, columns=list(METRICS))], axis=1)
+    table["target_loss"] = target_losses(table, keys, baseline, settings.target_loss)
+    table["steps_to_target"] = [
+        _steps_to_target(run, diverged_at, target, settings.spike_window)
+        for run, diverged_at, target in zip(runs, table["diverged_step"], table["target_loss"],
+                                            strict=True)]
+    return table
+
+
+def _steps_to_target(run: Run, diverged_at: float, target: float, window: int) -> float:
+    if run.metrics is None:
+        return math.nan
+    part = steps_before_divergence(run.metrics, diverged_at)
+    return steps_to_target(part[LOSS].to_numpy(float), part["step"].to_numpy(), target, window)
+
+
+def target_losses(table: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None,
+                  fixed: float | None) -> pd.Series:
+    """The target of each run's `steps_to_target`: `fixed` if given, else the mean final loss
+    over the seeds of the run's matching baseline group (NaN if there is none)."""
+    if fixed is not None:
+        return pd.Series(float(fixed), index=table.index)
+    if baseline is None:
+        return pd.Series(math.nan, index=table.index)
+    per_seed = table.groupby([*keys, SEED_KEY], sort=False)["final_loss"].mean().reset_index()
+    target = per_seed.groupby(keys, sort=False)["final_loss"].mean()
+    partner = table[keys].assign(**{baseline[0]: baseline[1]})
+    return pd.Series(target.reindex(pd.MultiIndex.from_frame(partner)
+                                    if len(keys) > 1 else partner[keys[0]]).to_numpy(),
+                     index=table.index)
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups against their baselines
+
+
+def t_interval(mean: Any, std: Any, n: Any) -> tuple[Any, Any]:
+    """95% Student-t interval of a mean over n seeds: mean ± t_{0.975, n-1} · std / √n (std with
+    ddof=1); NaN when n < 2. Vectorized over arrays."""
+    from scipy.special import stdtrit  # = scipy.stats.t.ppf, without stats' ~1 s import
+
+    n = np.asarray(n, float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        half = np.where(n >= 2, stdtrit(np.maximum(n - 1, 1), 0.975) * std / np.sqrt(n), np.nan)
+    return mean - half, mean + half
+
+
+def per_seed_values(runs_table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The measured runs' metrics, one row per (group, seed): the mean of a group's runs that
+    share a seed (normally there is one)."""
+    measured = runs_table[runs_table["status"] != "failed"]
+    return measured.groupby([*keys, SEED_KEY], sort=False)[list(METRICS)].mean()
+
+
+def group_counts(runs_table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per group: runs, completed (finished, not diverged), diverged, failed, incomplete (killed
+    or still running, not diverged) and divergence_rate = diverged / (runs − failed)."""
+    failed = runs_table["status"] == "failed"
+    diverged = (runs_table["diverged"] == 1) & ~failed
+    finished = runs_table["status"].isin(["completed", "diverged"])
+    outcome = pd.DataFrame({
+        "runs": 1, "completed": finished & ~diverged, "diverged": diverged, "failed": failed,
+        "incomplete": ~finished & ~failed & ~diverged}).astype(int)
+    counts = outcome.groupby([runs_table[k] for k in keys], sort=False).sum()
+    measured = counts["runs"] - counts["failed"]
+    counts["divergence_rate"] = (counts["diverged"] / measured).where(measured > 0)
+    return counts
+
+
+def compare(per_seed: pd.DataFrame, keys: list[str],
+            baseline: tuple[str, str] | None) -> pd.DataFrame:
+    """One row per (group, metric): n seeds, mean, std and 95% interval over seeds; and against
+    the matching baseline group (same values of the other keys, baseline key = baseline value),
+    over the seeds both groups have: the paired differences d_s = group_s − baseline_s (mean,
+    95% interval), and the win rate = wins / paired seeds, a win being a seed where the group
+    is better (a missing value, e.g. target never reached, counts as worse than any value;
+    equal values are ties, not wins)."""
+    long = per_seed.melt(ignore_index=False, var_name="metric").reset_index()
+    by = [*keys, "metric"]
+    stats = long.groupby(by, sort=False)["value"].agg(n="count", mean="mean", std="std")
+    stats["ci_low"], stats["ci_high"] = t_interval(stats["mean"], stats["std"], stats["n"])
+    stats.insert(0, "better", stats.index.get_level_values("metric").map(METRICS))
+    if baseline is None:
+        return stats.reset_index()
+    key, value = baseline
+    partner = long[keys].assign(**{key: value})
+    base = long.set_index([*keys, SEED_KEY, "metric"])["value"]
+    partner_index = pd.MultiIndex.from_frame(
+        pd.concat([partner, long[[SEED_KEY, "metric"]]], axis=1))
+    long["baseline_value"] = base.reindex(partner_index).to_numpy()
+    long["paired"] = partner_index.isin(base.index) & (long[key] != value)
+    long["baseline"] = [_label(dict(zip(keys, row, strict=True))) for row in partner.to_numpy()]
+    paired = long[long["paired"]].copy()
+    paired["diff"] = paired["value"] - paired["baseline_value"]
+    paired["win"], paired["tie"] = _wins(paired)
+    diff = paired.groupby(by, sort=False).agg(
+        baseline=("baseline", "first"), n_paired=("seed", "count"), n_diff=("diff", "count"),
+        diff_mean=("diff", "mean"), diff_std=("diff", "std"), wins=("win", "sum"),
+        ties=("tie", "sum"))
+    diff["diff_ci_low"], diff["diff_ci_high"] = t_interval(diff["diff_mean"], diff["diff_std"],
+                                                           diff["n_diff"])
+    has_better = diff.index.get_level_values("metric").map(METRICS).notna()
+    diff["win_rate"] = (diff["wins"] / diff["n_paired"]).where(has_better)
+    diff.loc[~has_better, ["wins", "ties"]] = np.nan
+    return stats.join(diff.drop(columns="diff_std")).reset_index()
+
+
+def _wins(paired: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per paired seed: is the group better than its baseline, and is it a tie."""
+    g, b = paired["value"].to_numpy(float), paired["baseline_value"].to_numpy(float)
+    sign = paired["metric"].map(METRICS).map({"lower": -1.0, "higher": 1.0}).to_numpy(float)
+    g_missing, b_missing = np.isnan(g), np.isnan(b)
+    with np.errstate(invalid="ignore"):
+        better = sign * (g - b) > 0
+    win = (better & ~g_missing & ~b_missing) | (~g_missing & b_missing)
+    tie = (g == b) | (g_missing & b_missing)
+    return win, tie
+
+
+def _label(values: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in values.items())
+
+
+def summarize(runs: list[Run], settings: Settings = DEFAULTS,
+              baseline: tuple[str, str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Runs → (per-run table, tidy summary: one row per group × metric with the group's counts)."""
+    keys = grouping_keys(runs)
+    runs_table = per_run_table(runs, keys, settings, baseline)
+    per_seed = per_seed_values(runs_table, keys)
+    tidy = compare(per_seed, keys, baseline)
+    counts = group_counts(runs_table, keys)
+    targets = runs_table.groupby(keys, sort=False)["target_loss"].first()
+    counts["target_loss"] = targets
+    # every group × metric in a readable order (a left merge keeps the grid's order); groups
+    # with only failed runs get rows too, so that their counts show
+    groups = counts.index.to_frame(index=False)
+    groups = groups.iloc[sorted(range(len(groups)), key=lambda i: tuple(
+        _natural_value(groups.at[i, k], baseline[1] if baseline and baseline[0] == k else None)
+        for k in keys))]
+    grid = groups.merge(pd.DataFrame({"metric": list(METRICS)}), how="cross")
+    tidy = grid.merge(tidy, on=[*keys, "metric"], how="left")
+    tidy["better"] = tidy["metric"].map(METRICS)
+    tidy["n"] = tidy["n"].fillna(0).astype(int)
+    tidy = tidy.merge(counts.reset_index(), on=keys, how="left")
+    tidy["group"] = [_label(dict(zip(keys, row, strict=True))) for row in tidy[keys].to_numpy()]
+    return runs_table, tidy.reindex(columns=[*keys, "group", *SUMMARY_COLUMNS])
+
+
+def _natural_value(value: str, baseline_value: str | None) -> tuple:
+    """Sort order of a key's values: the baseline first, then numbers by size, then text."""
+    if value == baseline_value:
+        return (0, 0.0, "")
+    try:
+        return (1, float(value), "")
+    except ValueError:
+        return (2, 0.0, value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Output: the printed table, summary.csv, summary.md, plots
+
+
+def varying_keys(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None) -> list:
+    """The keys whose value differs between groups (and the baseline key): the ones worth a
+    column; keys fixed for the whole sweep (e.g. trainer.steps=100) are stated once instead."""
+    return [k for k in keys if tidy[k].nunique() > 1 or (baseline and k == baseline[0])] or keys
+
+
+def _number(x: float, digits: int = 3) -> str:
+    """`digits` significant digits, but whole numbers (and anything ≥ 100) without decimals
+    or exponent: steps read as 955, not 9.55e+02."""
+    if pd.isna(x):
+        return "—"
+    if (float(x).is_integer() or abs(x) >= 100) and abs(x) < 1e9:
+        return f"{x:.0f}"
+    return f"{x:.{digits}g}"
+
+
+def _signed(x: float) -> str:
+    return ("+" if x >= 0 else "") + _number(x)
+
+
+def _mean_cell(row: pd.Series, seeds: int) -> str:
+    """`mean±half-width`, with `[n=k]` when only k of the group's seeds have a value."""
+    if row["n"] == 0:
+        return "—"
+    cell = _number(row["mean"])
+    if not pd.isna(row["ci_high"]):
+        cell += f"±{_number(row['ci_high'] - row['mean'], 2)}"
+    return cell + (f" [n={row['n']}]" if row["n"] < seeds else "")
+
+
+def _diff_cell(row: pd.Series, baseline: tuple[str, str]) -> str:
+    """`Δmean±half-width wins/pairs`; `base` in the baseline group itself."""
+    if row[baseline[0]] == baseline[1]:
+        return "base"
+    if pd.isna(row.get("n_paired")) or not row["n_paired"]:
+        return "no pair"
+    cell = "—" if pd.isna(row["diff_mean"]) else _signed(row["diff_mean"])
+    if not pd.isna(row["diff_ci_high"]):
+        cell += f"±{_number(row['diff_ci_high'] - row['diff_mean'], 2)}"
+    if not pd.isna(row["win_rate"]):
+        cell += f" {int(row['wins'])}/{int(row['n_paired'])}"
+    return cell
+
+
+def group_table(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None,
+                metrics=PRINTED) -> pd.DataFrame:
+    """One row per group: its varying keys, runs, diverged/measured, then per metric
+    `mean±half-width` of the 95% interval over seeds and, against the baseline,
+    `Δmean±half-width wins/paired seeds`."""
+    shown = varying_keys(tidy, keys, baseline)
+    rows = []
+    for _, group in tidy.groupby("group", sort=False):
+        first = group.iloc[0]
+        measured = int(first["runs"] - first["failed"])
+        row = {k: first[k] for k in shown}
+        row["runs"] = int(first["runs"])
+        row["diverged"] = f"{int(first['diverged'])}/{measured}"
+        by_metric = group.set_index("metric")
+        for metric in metrics:
+            row[metric] = _mean_cell(by_metric.loc[metric], measured)
+            if baseline and METRICS[metric] is not None:
+                row[f"Δ {metric}"] = _diff_cell(by_metric.loc[metric], baseline)
+        row["notes"] = ", ".join(f"{int(first[c])} {c}" for c in ("failed", "incomplete")
+                                 if first[c])
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    return table if table["notes"].any() else table.drop(columns="notes")
+
+
+def metric_table(tidy: pd.DataFrame, keys: list[str], metric: str,
+                 baseline: tuple[str, str] | None) -> pd.DataFrame:
+    """One metric, one row per group: n, mean, 95% CI; Δ vs baseline, its CI, wins, ties and
+    win rate over the paired seeds."""
+    rows = tidy[tidy["metric"] == metric]
+    shown = varying_keys(tidy, keys, baseline)
+    table = rows[shown].copy()
+    table["n"] = rows["n"]
+    table["mean"] = rows["mean"].map(_number)
+    table["95% CI"] = [_interval(lo, hi) for lo, hi in zip(rows["ci_low"], rows["ci_high"],
+                                                           strict=True)]
+    if baseline is not None:
+        table["paired"] = rows["n_paired"].map(_number)
+        table["Δ mean"] = rows["diff_mean"].map(lambda x: "—" if pd.isna(x) else _signed(x))
+        table["Δ 95% CI"] = [_interval(lo, hi) for lo, hi in zip(
+            rows["diff_ci_low"], rows["diff_ci_high"], strict=True)]
+        if METRICS[metric] is not None:
+            table["wins"], table["ties"] = rows["wins"].map(_number), rows["ties"].map(_number)
+            table["win rate"] = rows["win_rate"].map(
+                lambda x: "—" if pd.isna(x) else f"{100 * x:.0f}%")
+    return table
+
+
+def _interval(low: float, high: float) -> str:
+    return "—" if pd.isna(low) else f"[{_number(low)}, {_number(high)}]"
+
+
+def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None,
+                    settings: Settings, skipped: list[tuple[str, str]], root: Path) -> str:
+    """summary.md: the settings, the key table, one table per metric, the skipped runs."""
+    fixed = [k for k in keys if k not in varying_keys(tidy, keys, baseline)]
+    lines = [f"# Sweep summary: {root}", ""]
+    if fixed:
+        first = tidy.iloc[0]
+        lines.append("Same in every run: " + _label({k: first[k] for k in fixed}) + "  ")
+    lines.append(_comparison_note(baseline, settings) + "  ")
+    lines += [f"Metrics: final fraction {settings.final_fraction}, spike factor "
+              f"{settings.spike_factor}, spike window {settings.spike_window} steps "
+              "(definitions: README, \"Summarizing a sweep\").", "",
+              "## Groups", "",
+              group_table(tidy, keys, baseline).to_markdown(index=False), ""]
+    for metric, better in METRICS.items():
+        direction = {"lower": " (lower is better)", "higher": " (higher is better)"}.get(better, "")
+        lines += [f"## {metric}{direction}", "",
+                  metric_table(tidy, keys, metric, baseline).to_markdown(index=False), ""]
+    if skipped:
+        lines += ["## Skipped runs", ""] + [f"- `{d}`: {reason}" for d, reason in skipped] + [""]
+    return "\n".join(lines)
+
+
+def _comparison_note(baseline: tuple[str, str] | None, settings: Settings) -> str:
+    if baseline is None:
+        return "No baseline (pass --baseline KEY=VALUE): no comparisons."
+    key, value = baseline
+    target = (f"target loss {settings.target_loss}" if settings.target_loss is not None else
+              "target loss: the matching baseline group's mean final loss")
+    return (f"Baseline {key}={value}: each group against the group with the same other values "
+            f"and {key}={value}, paired by seed; Δ = group − baseline, mean ± 95% t interval "
+            f"over paired seeds; {target}.")
+
+
+# Plots: matplotlib (Agg) is imported only with --plots.
+
+
+def plot_all(runs: list[Run], runs_table: pd.DataFrame, tidy: pd.DataFrame, keys: list[str],
+             baseline: tuple[str, str] | None, settings: Settings, out: Path) -> list[Path]:
+    """Write loss_curves.png, grad_norms.png and final_loss_vs_<key>.png into `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = varying_keys(tidy, keys, baseline)
+    labels = runs_table[shown].apply(lambda row: _label(row.to_dict()), axis=1)
+    measured = [(run, label, diverged_at) for run, label, diverged_at
+                in zip(runs, labels, runs_table["diverged_step"], strict=True)
+                if run.metrics is not None]
+    order = [g for g in dict.fromkeys(tidy[shown].apply(lambda r: _label(r.to_dict()), axis=1))]
+    curves: dict[str, list[pd.DataFrame]] = {label: [] for label in order}
+    for run, label, diverged_at in measured:
+        curves[label].append(steps_before_divergence(run.metrics, diverged_at).set_index("step"))
+    colors = plt.get_cmap("tab10" if len(order) <= 10 else "viridis")
+    color = {label: colors(i if len(order) <= 10 else i / max(1, len(order) - 1))
+             for i, label in enumerate(order)}
+    written = [_plot_losses(plt, curves, color, settings, out / "loss_curves.png"),
+               _plot_grad_norms(plt, curves, color, settings, out / "grad_norms.png")]
+    x_key = baseline[0] if baseline else shown[0]
+    written.append(_plot_final_loss(plt, tidy, keys, shown, x_key, baseline,
+                                    out / f"final_loss_vs_{_filename(x_key)}.png"))
+    return [p for p in written if p is not None]
+
+
+def _filename(key: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+
+
+def _across_seeds(tables: list[pd.DataFrame], column: str, window: int = 1) -> pd.DataFrame:
+    """Per step: mean, min and max over the seeds' (trailing-mean smoothed) values."""
+    series = [t[column].rolling(window, min_periods=1).mean() for t in tables if column in t]
+    if not series:
+        return pd.DataFrame(columns=["mean", "min", "max"])
+    wide = pd.concat(series, axis=1)
+    return pd.DataFrame({"mean": wide.mean(axis=1), "min": wide.min(axis=1),
+                         "max": wide.max(axis=1)})
+
+
+def _plot_losses(plt, curves, color, settings: Settings, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, tables in curves.items():
+        band = _across_seeds(tables, LOSS, settings.spike_window)
+        if band.empty:
+            continue
+        ax.plot(band.index, band["mean"], color=color[label], label=f"{label} (n={len(tables)})")
+        ax.fill_between(band.index, band["min"], band["max"], color=color[label], alpha=0.2)
+    ax.set(yscale="log", xlabel="step",
+           ylabel=f"loss/train, trailing mean over {settings.spike_window} steps",
+           title="Training loss: mean over seeds, band min–max (diverged runs end early)")
+    ax.legend(fontsize="small")
+    return _save(plt, fig, path)
+
+
+def _plot_grad_norms(plt, curves, color, settings: Settings, path: Path) -> Path | None:
+    columns = {c for tables in curves.values() for t in tables for c in t.columns}
+    positions = sorted({c.split("/")[1] for c in columns
+                        if c.startswith("grad_norm/") and c.endswith("/pre")})
+    if not positions:
+        return None
+    fig, axes = plt.subplots(1, len(positions), figsize=(4.5 * len(positions), 4.5),
+                             sharey=True, squeeze=False)
+    for ax, position in zip(axes[0], positions, strict=True):
+        for label, tables in curves.items():
+            for side, style in (("pre", "-"), ("post", "--")):
+                band = _across_seeds(tables, f"grad_norm/{position}/{side}",
+                                     settings.spike_window)
+                if not band.empty:
+                    ax.plot(band.index, band["mean"], style, color=color[label], linewidth=1,
+                            label=label if side == "pre" else None)
+        ax.set(yscale="log", xlabel="step", title=f"‖dy‖ at {position}")
+    axes[0][0].set_ylabel(f"‖dy‖, mean over seeds, trailing mean over {settings.spike_window}")
+    fig.suptitle("Gradient norm reaching each clip layer: before the clip solid, after dashed")
+    axes[0][-1].legend(fontsize="x-small")
+    return _save(plt, fig, path)
+
+
+def _plot_final_loss(plt, tidy, keys, shown, x_key, baseline, path: Path) -> Path | None:
+    rows = tidy[(tidy["metric"] == "final_loss") & (tidy["n"] > 0)]
+    if rows.empty:
+        return None
+    baseline_value = baseline[1] if baseline else None
+    x_values = sorted(rows[x_key].unique(), key=lambda v: _natural_value(v, baseline_value))
+    position = {v: i for i, v in enumerate(x_values)}
+    others = [k for k in shown if k != x_key]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for combination, line in (rows.groupby(others, sort=False) if others else [((), rows)]):
+        line = line.sort_values(x_key, key=lambda s: s.map(position))
+        label = _label(dict(zip(others, np.atleast_1d(combination), strict=True))) or "final loss"
+        err = np.vstack([line["mean"] - line["ci_low"], line["ci_high"] - line["mean"]])
+        ax.errorbar(line[x_key].map(position), line["mean"], yerr=np.nan_to_num(err),
+                    marker="o", capsize=3, label=label)
+    ax.set_xticks(range(len(x_values)), x_values)
+    ax.set(xlabel=x_key, ylabel="final loss (mean over seeds, 95% CI)",
+           title=f"Final loss against {x_key}")
+    ax.legend(fontsize="small")
+    return _save(plt, fig, path)
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m gradexp.summarize",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Compare each setting of a sweep with its unclipped baseline, seed by seed.",
+        epilog=HELP_METRICS)
+    parser.add_argument("dir", type=Path, metavar="DIR",
+                        help="a sweep (outputs/multirun/<date>/<time>) or any folder holding "
+                             "run directories (searched recursively for .hydra/)")
+    parser.add_argument("--baseline", metavar="KEY=VALUE", type=_key_value,
+                        help="the baseline setting (default: clip=null if clip is swept, else "
+                             "clipping=none if clipping is, else no comparisons)")
+    parser.add_argument("--target-loss", type=float, metavar="LOSS",
+                        help="the loss of steps_to_target (default: the matching baseline "
+                             "group's mean final loss over its seeds)")
+    parser.add_argument("--final-fraction", type=_fraction, default=0.1, metavar="F",
+                        help="final_loss averages the last F of the steps (default: 0.1)")
+    parser.add_argument("--spike-factor", type=_positive(float), default=2.0, metavar="X",
+                        help="a spike is a loss above X × the mean of the preceding window "
+                             "(default: 2)")
+    parser.add_argument("--spike-window", type=_positive(int), default=20, metavar="N",
+                        help="steps in the trailing windows of loss_spikes and steps_to_target "
+                             "(default: 20)")
+    parser.add_argument("--plots", action="store_true",
+                        help="also write loss_curves.png, grad_norms.png, final_loss_vs_<key>.png")
+    parser.add_argument("--out", type=Path, metavar="OUT",
+                        help="where to write summary.csv, summary.md, runs.csv and the plots "
+                             "(default: DIR)")
+    return parser.parse_args(argv)
+
+
+HELP_METRICS = """\
+per-run metrics (a diverged run: all but diverged/diverged_step on its steps before divergence):
+  diverged          summary says so, or a loss or gradient norm not finite, or
+                    loss > trainer.divergence_factor × first loss; diverged_step: that step
+  final_loss        mean loss over the last F of the steps (--final-fraction)
+  val_loss, val_accuracy   the last evaluated values
+  loss_spikes       steps whose loss > X × mean of the up-to-N preceding losses
+  mean_loss         mean loss over the run
+  grad_norm_mean, grad_norm_cv (std/mean), grad_norm_p99_p50, grad_norm_max   of grad_norm/global
+  clip_fraction     mean over steps and clip layers of the share of dy elements clipped
+  steps_to_target   first step whose trailing mean loss over N steps <= the target loss
+per group and metric: mean over seeds with a 95% Student-t interval; against the matching baseline
+group (same other keys, baseline value) over shared seeds: paired differences (group − baseline,
+mean and 95% interval) and the win rate (share of seeds where the group is better).
+Writes summary.csv (one row per group × metric), summary.md and runs.csv into DIR (or --out)."""
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, has_value, value = text.partition("=")
+    if not has_value or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. clip=null")
+    return key, value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be in (0, 1]")
+    return value
+
+
+def _positive(kind: type):
+    def parse(text: str):
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text}: must be positive")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid ... value" error
+    return parse
+
+
+class UsageError(Exception):
+    """A problem with the user's input: main prints `error: <message>` and exits with 2."""
+
+
+def choose_baseline(requested: tuple[str, str] | None, runs_table: pd.DataFrame,
+                    keys: list[str]) -> tuple[str, str] | None:
+    """The requested baseline, checked against the runs; else the default for the keys."""
+    if requested is None:
+        return default_baseline(keys)
+    key, value = requested
+    if key not in keys:
+        swept = "no key but the seed varies" if keys == [ONE_GROUP] else "keys: " + ", ".join(keys)
+        raise UsageError(f"--baseline {key}={value}: {key} is not a swept key ({swept})")
+    if not (runs_table[key] == value).any():
+        values = ", ".join(sorted(runs_table[key].unique()))
+        raise UsageError(f"--baseline {key}={value}: no run has {key}={value} "
+                         f"({key} values: {values})")
+    return requested
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return _main(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    root: Path = args.dir
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such directory")
+    runs, skipped = load_runs(root)
+    for name, reason in skipped:
+        print(f"skipped {name}: {reason}")
+    if not any(run.metrics is not None for run in runs):
+        raise UsageError(f"{root}: no readable runs"
+                         + (f" ({len(skipped)} skipped)" if skipped else ""))
+    settings = Settings(args.final_fraction, args.spike_factor, args.spike_window,
+                        args.target_loss)
+    keys = grouping_keys(runs)
+    baseline = choose_baseline(args.baseline, group_values(runs, keys), keys)
+    runs_table, tidy = summarize(runs, settings, baseline)
+    if baseline and not (tidy[baseline[0]] == baseline[1]).any():
+        print(f"note: no run has {baseline[0]}={baseline[1]}: no comparisons")
+    print(_comparison_note(baseline, settings))
+    print(group_table(tidy, keys, baseline).to_markdown(index=False, tablefmt="simple"))
+    out = args.out or root
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "summary.csv", out / "summary.md", out / "runs.csv"]
+    tidy.to_csv(written[0], index=False)
+    written[1].write_text(markdown_report(tidy, keys, baseline, settings, skipped, root))
+    runs_table.to_csv(written[2], index=False)
+    if args.plots:
+        written += plot_all(runs, runs_table, tidy, keys, baseline, settings, out)
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
