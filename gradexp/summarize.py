@@ -66,7 +66,8 @@ class Settings:
     final_fraction: float = 0.1
     spike_factor: float = 2.0
     spike_window: int = 20
-    target_loss: float | None = None  # None: each group's baseline group's mean final loss
+    spike_min_rise: float = 0.05
+    target_loss: float | None = None  # None: the worst final loss of each group's baseline
 
 
 DEFAULTS = Settings()
@@ -379,15 +380,19 @@ def last_evaluated(values: np.ndarray) -> float:
     return float(evaluated[-1]) if len(evaluated) else math.nan
 
 
-def loss_spikes(loss: np.ndarray, factor: float = 2.0, window: int = 20) -> float:
-    """#{t : loss_t > factor · mean(loss_{t-window} … loss_{t-1})}: steps whose loss is more than
-    `factor` times the mean of the (up to) `window` steps before it; the first step has no
-    steps before it and is never a spike. NaN without steps (not 0: nothing was measured)."""
+def loss_spikes(loss: np.ndarray, factor: float = 2.0, window: int = 20,
+                min_rise: float = 0.05) -> float:
+    """#{t : loss_t > factor · m_t  and  loss_t − m_t > min_rise · loss_1}, where
+    m_t = mean(loss_{t-window} … loss_{t-1}): steps whose loss is more than `factor` times the
+    mean of the (up to) `window` steps before it, by more than `min_rise` of the first loss
+    (so that batch noise on a loss near zero, which doubles easily, is not a spike). The first
+    step is never a spike. NaN without steps (not 0: nothing was measured)."""
     loss = np.asarray(loss, float)
     if not len(loss):
         return math.nan
     preceding_mean = trailing_mean(loss, window)[:-1]  # of steps ≤ t-1, for t = 2 … n
-    return float(np.sum(loss[1:] > factor * preceding_mean))
+    rise = loss[1:] - preceding_mean
+    return float(np.sum((loss[1:] > factor * preceding_mean) & (rise > min_rise * loss[0])))
 
 
 def mean_loss(loss: np.ndarray) -> float:
@@ -458,7 +463,8 @@ def run_metrics(table: pd.DataFrame, settings: Settings = DEFAULTS, divergence_f
         "final_loss": final_loss(loss, settings.final_fraction),
         "val_loss": last_evaluated(column["loss/val"]),
         "val_accuracy": last_evaluated(column["accuracy/val"]),
-        "loss_spikes": loss_spikes(loss, settings.spike_factor, settings.spike_window),
+        "loss_spikes": loss_spikes(loss, settings.spike_factor, settings.spike_window,
+                                   settings.spike_min_rise),
         "mean_loss": mean_loss(loss),
         "grad_norm_mean": grad_norm_mean(norm),
         "grad_norm_cv": grad_norm_cv(norm),
@@ -511,14 +517,15 @@ def _steps_to_target(run: Run, diverged_at: float, target: float, window: int) -
 
 def target_losses(table: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None,
                   fixed: float | None) -> pd.Series:
-    """The target of each run's `steps_to_target`: `fixed` if given, else the mean final loss
-    over the seeds of the run's matching baseline group (NaN if there is none)."""
+    """The target of each run's `steps_to_target`: `fixed` if given, else the largest final
+    loss over the seeds of the run's matching baseline group (NaN if there is none) — a loss
+    every baseline seed gets down to, so the metric is defined for the baseline itself."""
     if fixed is not None:
         return pd.Series(float(fixed), index=table.index)
     if baseline is None:
         return pd.Series(math.nan, index=table.index)
     per_seed = table.groupby([*keys, SEED_KEY], sort=False)["final_loss"].mean().reset_index()
-    target = per_seed.groupby(keys, sort=False)["final_loss"].mean()
+    target = per_seed.groupby(keys, sort=False)["final_loss"].max()
     partner = table[keys].assign(**{baseline[0]: baseline[1]})
     return pd.Series(target.reindex(pd.MultiIndex.from_frame(partner)
                                     if len(keys) > 1 else partner[keys[0]]).to_numpy(),
@@ -761,7 +768,8 @@ def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, st
         lines.append("Same in every run: " + _label({k: first[k] for k in fixed}) + "  ")
     lines.append(_comparison_note(baseline, settings) + "  ")
     lines += [f"Metrics: final fraction {settings.final_fraction}, spike factor "
-              f"{settings.spike_factor}, spike window {settings.spike_window} steps "
+              f"{settings.spike_factor}, spike window {settings.spike_window} steps, "
+              f"spike minimum rise {settings.spike_min_rise} × first loss "
               "(definitions: README, \"Summarizing a sweep\").", "",
               "## Groups", "",
               group_table(tidy, keys, baseline).to_markdown(index=False), ""]
@@ -779,7 +787,7 @@ def _comparison_note(baseline: tuple[str, str] | None, settings: Settings) -> st
         return "No baseline (pass --baseline KEY=VALUE): no comparisons."
     key, value = baseline
     target = (f"target loss {settings.target_loss}" if settings.target_loss is not None else
-              "target loss: the matching baseline group's mean final loss")
+              "target loss: the worst final loss of the matching baseline group's seeds")
     return (f"Baseline {key}={value}: each group against the group with the same other values "
             f"and {key}={value}, paired by seed; Δ = group − baseline, mean ± 95% t interval "
             f"over paired seeds; {target}.")
@@ -914,8 +922,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the baseline setting (default: clip=null if clip is swept, else "
                              "clipping=none if clipping is, else no comparisons)")
     parser.add_argument("--target-loss", type=float, metavar="LOSS",
-                        help="the loss of steps_to_target (default: the matching baseline "
-                             "group's mean final loss over its seeds)")
+                        help="the loss of steps_to_target (default: the largest final loss "
+                             "among the matching baseline group's seeds)")
     parser.add_argument("--final-fraction", type=_fraction, default=0.1, metavar="F",
                         help="final_loss averages the last F of the steps (default: 0.1)")
     parser.add_argument("--spike-factor", type=_positive(float), default=2.0, metavar="X",
@@ -924,6 +932,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--spike-window", type=_positive(int), default=20, metavar="N",
                         help="steps in the trailing windows of loss_spikes and steps_to_target "
                              "(default: 20)")
+    parser.add_argument("--spike-min-rise", type=_fraction, default=0.05, metavar="R",
+                        help="a spike also rises above that mean by more than R × the run's "
+                             "first loss (default: 0.05)")
     parser.add_argument("--plots", action="store_true",
                         help="also write loss_curves.png, grad_norms.png, final_loss_vs_<key>.png")
     parser.add_argument("--out", type=Path, metavar="OUT",
@@ -938,7 +949,8 @@ per-run metrics (a diverged run: all but diverged/diverged_step on its steps bef
                     loss > trainer.divergence_factor × first loss; diverged_step: that step
   final_loss        mean loss over the last F of the steps (--final-fraction)
   val_loss, val_accuracy   the last evaluated values
-  loss_spikes       steps whose loss > X × mean of the up-to-N preceding losses
+  loss_spikes       steps whose loss > X × mean m of the up-to-N preceding losses,
+                    and loss − m > R × the first loss
   mean_loss         mean loss over the run
   grad_norm_mean, grad_norm_cv (std/mean), grad_norm_p99_p50, grad_norm_max   of grad_norm/global
   clip_fraction     mean over steps and clip layers of the share of dy elements clipped
@@ -1014,7 +1026,7 @@ def _main(args: argparse.Namespace) -> int:
         raise UsageError(f"{root}: no readable runs"
                          + (f" ({len(skipped)} skipped)" if skipped else ""))
     settings = Settings(args.final_fraction, args.spike_factor, args.spike_window,
-                        args.target_loss)
+                        args.spike_min_rise, args.target_loss)
     keys = grouping_keys(runs)
     baseline = choose_baseline(args.baseline, group_values(runs, keys), keys)
     runs_table, tidy = summarize(runs, settings, baseline)
