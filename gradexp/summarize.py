@@ -256,11 +256,16 @@ def _checked(table: pd.DataFrame, source: str) -> pd.DataFrame:
 
 
 def grouping_keys(runs: list[Run]) -> list[str]:
-    """Every override key of any run except the seed and Hydra's own (`hydra/...`, `hydra.*`),
-    in the order they first appear; [`sweep`] (one group, `sweep=all`) if there is none."""
+    """Every override key of any run except the seed, Hydra's own (`hydra/...`, `hydra.*`) and
+    keys every run sets to the same value (they tell no group apart), in the order they first
+    appear; [`sweep`] (one group, `sweep=all`) if there is none."""
     keys = dict.fromkeys(key for run in runs for key in run.overrides)
+
+    def varies(key: str) -> bool:
+        return len({run.overrides.get(key) for run in runs}) > 1
+
     return [k for k in keys if k != SEED_KEY and k != "hydra"
-            and not k.startswith(("hydra/", "hydra."))] or [ONE_GROUP]
+            and not k.startswith(("hydra/", "hydra.")) and varies(k)] or [ONE_GROUP]
 
 
 def group_values(runs: list[Run], keys: list[str]) -> pd.DataFrame:

@@ -355,12 +355,16 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert S.main([str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'empty'}: no readable runs\n"
-    write_run(tmp_path / "one", ["clip=0.1"], ending_at(1.0))
+    write_run(tmp_path / "one" / "a", ["clip=0.1", "layer.scale=1"], ending_at(1.0))
+    write_run(tmp_path / "one" / "b", ["clip=0.1", "layer.scale=3"], ending_at(1.0))
     assert S.main([str(tmp_path / "one")]) == 0  # the default baseline may be absent: a note
-    assert "note: no run has clip=null: no comparisons" in capsys.readouterr().out
+    assert "No baseline (pass --baseline KEY=VALUE): no comparisons." in capsys.readouterr().out
+    assert S.main([str(tmp_path / "one"), "--baseline", "layer.scale=5"]) == 2
+    assert capsys.readouterr().err == ("error: --baseline layer.scale=5: no run has "
+                                       "layer.scale=5 (layer.scale values: 1, 3)\n")
     assert S.main([str(tmp_path / "one"), "--baseline", "clip=none"]) == 2
-    assert capsys.readouterr().err == ("error: --baseline clip=none: no run has clip=none "
-                                       "(clip values: 0.1)\n")
+    assert capsys.readouterr().err == ("error: --baseline clip=none: clip is not a swept key "
+                                       "(keys: layer.scale)\n")
 
 
 def test_import_does_not_load_tensorflow():

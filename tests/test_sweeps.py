@@ -42,6 +42,19 @@ def assert_four_completed_runs(sweep_dir: Path, result) -> None:
     assert settings == [(False, 0), (False, 1), (True, 0), (True, 1)]
     assert (sweep_dir / "multirun.yaml").exists()
     assert "sweep: 4 runs (4 completed)" in result.stdout
+    assert_summary_compares_clip_with_baseline(sweep_dir)
+
+
+def assert_summary_compares_clip_with_baseline(sweep_dir: Path) -> None:
+    """`python -m gradexp.summarize DIR`: a row per clip setting, clip=0.1 against clip=null."""
+    result = gradexp("gradexp.summarize", str(sweep_dir), cwd=sweep_dir)
+    assert result.returncode == 0, result.stderr
+    tidy = pd.read_csv(sweep_dir / "summary.csv", keep_default_na=False, na_values=[""])
+    assert sorted(set(tidy["clip"])) == ["0.1", "null"]
+    final = tidy[(tidy["metric"] == "final_loss")].set_index("clip")
+    assert final.loc["0.1", "baseline"] == "clip=null" and final.loc["0.1", "n_paired"] == 2
+    diff = final.loc["0.1", "mean"] - final.loc["null", "mean"]
+    assert final.loc["0.1", "diff_mean"] == pytest.approx(diff)
 
 
 @pytest.fixture(scope="module")
