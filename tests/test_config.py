@@ -32,7 +32,8 @@ def has_gpu() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-@pytest.mark.parametrize(("overrides", "key", "allowed"), BAD, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+@pytest.mark.parametrize(("overrides", "key", "allowed"), BAD,
+                         ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key, allowed):
     flags = [o for o in overrides if o.startswith("-")]
     values = [o for o in overrides if not o.startswith("-")]
