@@ -151,6 +151,98 @@ def check_learning_rate(value: float) -> None:
     need(finite(value) and value > 0, "learning_rate", value, "must be a positive number")
 
 
+# ------------------------------------------------------------------------------- clipping
+# Parameter-gradient clipping, between tape.gradient and optimizer.apply (gradexp/clipping.py).
+@dataclass
+class NoClippingConfig:
+    """The gradients as they are (the statistics are still measured)."""
+
+    name: str = "none"
+
+    def check(self) -> None:
+        pass
+
+
+@dataclass
+class ValueClippingConfig:
+    """Each element clipped to [-max_value, max_value] (Keras `clipvalue`)."""
+
+    name: str = "value"
+    max_value: float = MISSING
+
+    def check(self) -> None:
+        check_positive("max_value", self.max_value)
+
+
+@dataclass
+class NormClippingConfig:
+    """Each gradient tensor rescaled to norm <= max_norm (Keras `clipnorm`)."""
+
+    name: str = "norm"
+    max_norm: float = MISSING
+
+    def check(self) -> None:
+        check_positive("max_norm", self.max_norm)
+
+
+@dataclass
+class GlobalNormClippingConfig:
+    """All gradients rescaled together to global norm <= max_norm (Keras `global_clipnorm`)."""
+
+    name: str = "global_norm"
+    max_norm: float = MISSING
+
+    def check(self) -> None:
+        check_positive("max_norm", self.max_norm)
+
+
+@dataclass
+class AGCConfig:
+    """Unit-wise (Brock et al. 2021): ||G_unit|| <= factor * max(||W_unit||, eps), per unit."""
+
+    name: str = "agc"
+    factor: float = MISSING
+    eps: float = MISSING
+    exclude_output: bool = MISSING  # the output layer is not clipped (as in the paper)
+
+    def check(self) -> None:
+        check_positive("factor", self.factor)
+        check_positive("eps", self.eps)
+
+
+@dataclass
+class AutoClipConfig:
+    """Global norm clipped at the `percentile`-th percentile of the norms seen so far."""
+
+    name: str = "autoclip"
+    percentile: float = MISSING
+    history: int = MISSING  # the last `history` norms are kept
+
+    def check(self) -> None:
+        need(0 <= self.percentile <= 100, "percentile", self.percentile,
+             "must be a number in [0, 100]")
+        at_least(self, 1, "history")
+
+
+@dataclass
+class ZClipConfig:
+    """Global norm clipped when its z-score against an EMA of past norms exceeds z_threshold."""
+
+    name: str = "zclip"
+    alpha: float = MISSING  # EMA factor of the mean and variance of the norm
+    z_threshold: float = MISSING
+    warmup_steps: int = MISSING  # norms collected to initialise the statistics; no clipping
+
+    def check(self) -> None:
+        need(0 < self.alpha < 1, "alpha", self.alpha, "must be in (0, 1)")
+        check_positive("z_threshold", self.z_threshold)
+        at_least(self, 1, "warmup_steps")
+
+
+def check_positive(key: str, value: float) -> None:
+    need(finite(value) and value > 0, key, value, "must be a positive number")
+
+
 # ------------------------------------------------------------------------ layer and trainer
 @dataclass
 class LayerConfig:
@@ -205,6 +297,7 @@ class Config:
     model: Any = MISSING
     dataset: Any = MISSING
     optimizer: Any = MISSING
+    clipping: Any = MISSING
     layer: LayerConfig = field(default_factory=LayerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     clip: float | None = MISSING
@@ -216,8 +309,10 @@ SCHEMAS = {
     "model": [MLPConfig],
     "dataset": [SyntheticConfig, DigitsConfig],
     "optimizer": [SGDConfig, AdamConfig],
+    "clipping": [NoClippingConfig, ValueClippingConfig, NormClippingConfig,
+                 GlobalNormClippingConfig, AGCConfig, AutoClipConfig, ZClipConfig],
 }
-CHECKED = ("model", "dataset", "optimizer", "layer", "trainer")  # nodes with a `check`
+CHECKED = ("model", "dataset", "optimizer", "clipping", "layer", "trainer")  # nodes with a `check`
 
 
 def register() -> None:

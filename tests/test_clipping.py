@@ -1,0 +1,486 @@
+"""Parameter-gradient clipping: Keras' own clipping, the papers' rules re-implemented in NumPy,
+and the properties every method must have."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from gradexp import config
+from gradexp._tf import keras, tf
+from gradexp.clipping import make_clipper
+
+MODES = {
+    "eager": lambda f: f,
+    "tf.function": tf.function,
+    "jit_compile": lambda f: tf.function(f, jit_compile=True),
+}
+# A setting of every method that clips the gradients below, and one that bounds nothing.
+ACTIVE = {
+    "none": {},
+    "value": {"max_value": 0.5},
+    "norm": {"max_norm": 1.0},
+    "global_norm": {"max_norm": 1.0},
+    "agc": {"factor": 0.05, "eps": 1e-3, "exclude_output": False},
+    "autoclip": {"percentile": 10.0, "history": 100},
+    "zclip": {"alpha": 0.97, "z_threshold": 2.5, "warmup_steps": 3},
+}
+LOOSE = {**ACTIVE, "value": {"max_value": 1e30}, "norm": {"max_norm": 1e30},
+         "global_norm": {"max_norm": 1e30}, "agc": {**ACTIVE["agc"], "factor": 1e30},
+         "autoclip": {**ACTIVE["autoclip"], "percentile": 100.0},
+         "zclip": {**ACTIVE["zclip"], "z_threshold": 1e30}}
+STATELESS = ("none", "value", "norm", "global_norm", "agc")
+STATS = {"norm_before", "norm_after", "threshold", "clipped"}
+
+
+def clipper_for(method, settings, params):
+    return make_clipper(OmegaConf.create({"name": method, **settings}), params)
+
+
+def variables(arrays):
+    return [tf.Variable(a, name=f"p{i}") for i, a in enumerate(arrays)]
+
+
+def as_numpy(tensors):
+    return [np.asarray(t) for t in tensors]
+
+
+def global_norm64(arrays):
+    return float(np.sqrt(sum(np.sum(np.asarray(a, np.float64) ** 2) for a in arrays)))
+
+
+# ------------------------------------------------------------ a fixed sequence of gradients
+# Global norms step by step: noise around 1, a spike during ZClip's 25-step warm-up (step 9),
+# isolated and back-to-back spikes after it.
+NORMS = [
+    1.00, 1.10, 0.95, 1.05, 0.90, 1.20, 1.01, 0.85, 7.00, 1.11,
+    0.96, 1.02, 1.15, 0.91, 1.06, 1.03, 0.97, 1.12, 0.92, 1.04,
+    1.07, 0.98, 1.21, 0.93, 1.08,
+    1.13, 0.99, 1.09, 5.00, 1.14, 0.94, 1.16, 30.0, 25.0, 1.17,
+    0.89, 1.18, 1.22, 0.88, 1.19, 4.00, 1.23, 0.87, 1.24, 1.25,
+    0.86, 1.26, 60.0, 1.27, 0.84, 1.28, 1.29, 2.50, 0.83, 1.30,
+]  # all different, so that no percentile falls on a tie between two float32 roundings
+SHAPES = [(3, 2), (2,)]
+
+
+def pattern(step, shape, offset):
+    k = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape)
+    return np.sin(0.7 * step + 1.3 * k + offset) + 0.5 * np.cos(0.3 * step * (k + 1))
+
+
+def gradients_at(step, shapes=SHAPES, norm=None):
+    """float32 gradients with global norm NORMS[step] (or `norm`), a direction that turns."""
+    raw = [pattern(step, s, i) for i, s in enumerate(shapes)]
+    scale = (NORMS[step] if norm is None else norm) / global_norm64(raw)
+    return [(r * scale).astype(np.float32) for r in raw]
+
+
+def run_compiled(clipper, params, gradient_list):
+    """The clipper inside one tf.function, as the trainer calls it, over a list of steps."""
+    step = tf.function(lambda grads: clipper(grads, params))
+    outputs = []
+    for grads in gradient_list:
+        out, stats = step([tf.constant(g) for g in grads])
+        outputs.append((as_numpy(out), {k: float(v) for k, v in stats.items()}))
+    return outputs
+
+
+# ------------------------------------------------------------ value, norm, global_norm = Keras
+def small_model():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="tanh"),
+                             keras.layers.Dense(2)])
+
+
+def loss_gradients(model, x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.square(model(x) - y))  # targets far off: large gradients
+    return tape.gradient(loss, model.trainable_variables)
+
+
+@pytest.mark.parametrize(("method", "settings", "keras_clipping"), [
+    ("value", {"max_value": 0.5}, {"clipvalue": 0.5}),
+    ("norm", {"max_norm": 1.0}, {"clipnorm": 1.0}),
+    ("global_norm", {"max_norm": 1.0}, {"global_clipnorm": 1.0}),
+])
+def test_one_sgd_step_matches_keras_own_clipping(method, settings, keras_clipping):
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(16, 4)).astype(np.float32))
+    y = tf.constant(rng.normal(loc=5.0, size=(16, 2)).astype(np.float32))
+    ours, theirs = small_model(), small_model()
+    theirs.set_weights(ours.get_weights())
+    start = ours.get_weights()
+
+    clipper = clipper_for(method, settings, ours.trainable_variables)
+    grads, stats = clipper(loss_gradients(ours, x, y), ours.trainable_variables)
+    keras.optimizers.SGD(0.01).apply(grads, ours.trainable_variables)
+    keras.optimizers.SGD(0.01, **keras_clipping).apply(loss_gradients(theirs, x, y),
+                                                       theirs.trainable_variables)
+
+    assert float(stats["clipped"]) == 1.0 and float(stats["norm_before"]) > 10
+    for a, b, w0 in zip(ours.get_weights(), theirs.get_weights(), start, strict=True):
+        np.testing.assert_array_equal(a, b)  # bit for bit: the same expressions as Keras 3
+        assert not np.array_equal(a, w0)
+    unclipped = small_model()
+    unclipped.set_weights(start)
+    keras.optimizers.SGD(0.01).apply(loss_gradients(unclipped, x, y),
+                                     unclipped.trainable_variables)
+    assert not np.allclose(unclipped.get_weights()[0], ours.get_weights()[0], rtol=1e-3)
+
+
+# ------------------------------------------------------------ AGC = nfnets' rule
+def unitwise_norm_reference(x):
+    """nfnets/timm: a vector or scalar is one unit; a kernel (…, in, out) has one per output.
+    (nfnets reduces axis 0 of a 2-D and axes 0-2 of a 4-D kernel: the same as here.)"""
+    x = np.asarray(x, np.float64)
+    if x.ndim <= 1:
+        return np.sqrt(np.sum(x**2))
+    return np.sqrt(np.sum(x**2, axis=tuple(range(x.ndim - 1)), keepdims=True))
+
+
+def agc_reference(grads, params, factor, eps, skip):
+    """deepmind-research nfnets/optim.py SGD_AGC.update_param, the clipping part."""
+    out = []
+    for g, w, skipped in zip(grads, params, skip, strict=True):
+        if skipped:
+            out.append(g)
+            continue
+        max_norm = np.maximum(unitwise_norm_reference(w), eps) * factor
+        grad_norm = unitwise_norm_reference(g)
+        clipped = g * (max_norm / np.maximum(grad_norm, 1e-6))
+        out.append(np.where(grad_norm > max_norm, clipped, g))
+    return out
+
+
+AGC_SHAPES = [(3, 2), (2,), (2, 2, 3, 4), (4,), (2, 3)]  # Dense, bias, Conv, bias, output kernel
+AGC_SKIP = [False, False, False, False, True]
+
+
+def agc_params_at(step):
+    """Weights that grow as training goes; the biases start at zero (the eps floor bites)."""
+    params = [np.cos(1.7 * np.arange(int(np.prod(s))) + i).reshape(s) * (1 + 0.05 * step)
+              for i, s in enumerate(AGC_SHAPES)]
+    if step < 10:
+        params[1] = np.zeros(AGC_SHAPES[1])
+    return [p.astype(np.float32) for p in params]
+
+
+def test_agc_matches_nfnets_step_by_step():
+    factor, eps = 0.5, 1e-3
+    steps = range(len(NORMS))
+    grads = [gradients_at(t, AGC_SHAPES) for t in steps]
+    params = variables(agc_params_at(0))
+    clipper = make_clipper(OmegaConf.create({"name": "agc", "factor": factor, "eps": eps,
+                                             "exclude_output": True}),
+                           params, output_params=AGC_SKIP)
+    step = tf.function(lambda g: clipper(g, params))
+    clipped_units = 0
+    for t in steps:
+        w = agc_params_at(t)
+        for v, value in zip(params, w, strict=True):
+            v.assign(value)
+        out, stats = step([tf.constant(g) for g in grads[t]])
+        expected = agc_reference(grads[t], w, factor, eps, AGC_SKIP)
+        for a, b in zip(as_numpy(out), expected, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        np.testing.assert_array_equal(out[-1], grads[t][-1])  # the output layer: untouched
+        changed = sum(int(np.sum(unitwise_norm_reference(a - g) > 0))
+                      for a, g in zip(expected, grads[t], strict=True))
+        clipped_units += changed
+        assert float(stats["clipped"]) == float(changed > 0)
+        assert float(stats["threshold"]) == pytest.approx(factor)
+    assert clipped_units > 20  # the rule was exercised, not only the identity
+
+
+# ------------------------------------------------------------ AutoClip = the paper's code
+class AutoClipReference:
+    """github.com/pseeth/autoclip autoclip.py: append the norm, then np.percentile of the history.
+    (It rescales with torch's clip_grad_norm_, by T / (norm + 1e-6); gradexp rescales to T.)"""
+
+    def __init__(self, percentile, history):
+        self.percentile, self.history = percentile, collections.deque(maxlen=history)
+
+    def step(self, grads):
+        norm = global_norm64(grads)
+        self.history.append(norm)
+        threshold = float(np.percentile(np.array(self.history), self.percentile))
+        if norm > threshold:
+            return [g * (threshold / norm) for g in grads], threshold, True
+        return grads, threshold, False
+
+
+@pytest.mark.parametrize(("percentile", "history"), [(10.0, 16), (50.0, 10000)])
+def test_autoclip_matches_the_papers_rule_step_by_step(percentile, history):
+    grads = [gradients_at(t) for t in range(len(NORMS))]
+    params = variables([np.zeros(s, np.float32) for s in SHAPES])
+    clipper = clipper_for("autoclip", {"percentile": percentile, "history": history}, params)
+    reference = AutoClipReference(percentile, history)
+    decisions = []
+    for g, (out, stats) in zip(grads, run_compiled(clipper, params, grads), strict=True):
+        expected, threshold, clipped = reference.step(g)
+        norm = global_norm64(g)
+        assert norm == threshold or abs(norm - threshold) > 1e-4 * threshold  # no coin flips
+        assert stats["clipped"] == float(clipped)
+        assert stats["threshold"] == pytest.approx(threshold, rel=1e-5)
+        for a, b in zip(out, expected, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        decisions.append(clipped)
+    assert 5 < sum(decisions) < len(decisions) - 5
+
+
+# ------------------------------------------------------------ ZClip = the reference code
+class ZClipReference:
+    """github.com/bluorion-com/ZClip zclip.py, mode="zscore", clip_option="adaptive_scaling",
+    max_grad_norm=None: the same statements in the same order, in float64."""
+
+    def __init__(self, alpha, z_thresh, warmup_steps, eps=1e-6):
+        self.alpha, self.z_thresh, self.warmup_steps, self.eps = alpha, z_thresh, warmup_steps, eps
+        self.buffer, self.initialized, self.mean, self.var = [], False, None, None
+
+    def step(self, grads):
+        total_norm = global_norm64(grads)
+        if not self.initialized:
+            self.buffer.append(total_norm)
+            if len(self.buffer) >= self.warmup_steps:
+                self.mean = sum(self.buffer) / len(self.buffer)
+                self.var = sum((x - self.mean) ** 2 for x in self.buffer) / len(self.buffer)
+                self.initialized, self.buffer = True, []
+            return grads, np.inf, False, None
+        std = self.var**0.5
+        z = (total_norm - self.mean) / (std + self.eps)
+        threshold = self.mean + self.z_thresh * (std + self.eps)  # where z = z_thresh
+        clip_val = None
+        if z > self.z_thresh:
+            eta = z / self.z_thresh
+            clip_val = self.mean + (self.z_thresh * std) / eta
+            grads = [g * (clip_val / total_norm) for g in grads]
+        effective = clip_val if clip_val is not None else total_norm
+        self.mean = self.alpha * self.mean + (1 - self.alpha) * effective
+        self.var = self.alpha * self.var + (1 - self.alpha) * (effective - self.mean) ** 2
+        return grads, threshold, clip_val is not None, z
+
+
+def test_zclip_matches_the_reference_code_step_by_step():
+    alpha, z_threshold, warmup = 0.97, 2.5, 25
+    grads = [gradients_at(t) for t in range(len(NORMS))]
+    params = variables([np.zeros(s, np.float32) for s in SHAPES])
+    clipper = clipper_for("zclip", {"alpha": alpha, "z_threshold": z_threshold,
+                                    "warmup_steps": warmup}, params)
+    reference = ZClipReference(alpha, z_threshold, warmup)
+    clipped_steps = []
+    for t, (g, (out, stats)) in enumerate(
+            zip(grads, run_compiled(clipper, params, grads), strict=True)):
+        expected, threshold, clipped, z = reference.step(g)
+        assert z is None or abs(z - z_threshold) > 1e-3  # no coin flips
+        assert stats["clipped"] == float(clipped), t
+        assert stats["threshold"] == pytest.approx(threshold, rel=1e-5)
+        for a, b in zip(out, expected, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        if clipped:
+            clipped_steps.append(t)
+    np.testing.assert_allclose(clipper.state_variables[2].numpy(), reference.mean, rtol=1e-5)
+    np.testing.assert_allclose(clipper.state_variables[3].numpy(), reference.var, rtol=1e-4)
+    # the spike of step 8 falls in the warm-up and passes; 2.5 at step 52 is no outlier
+    assert clipped_steps == [28, 32, 33, 40, 47]
+
+
+# ------------------------------------------------------------ properties of every method
+def spiky_steps(n=6):
+    """Gradients for a few steps, the last one a spike: enough history for the adaptive methods."""
+    norms = [1.0, 1.2, 0.9, 1.1, 0.95, 40.0][:n]
+    return [gradients_at(t, norm=norm) for t, norm in enumerate(norms)]
+
+
+def params_for_steps():
+    return variables([np.full(s, 0.5, np.float32) for s in SHAPES])
+
+
+@pytest.mark.parametrize("method", ACTIVE)
+def test_a_bound_above_every_norm_is_the_identity(method):
+    params = params_for_steps()
+    clipper = clipper_for(method, LOOSE[method], params)
+    steps = spiky_steps()
+    for grads, (out, stats) in zip(steps, run_compiled(clipper, params, steps), strict=True):
+        for a, g in zip(out, grads, strict=True):
+            np.testing.assert_array_equal(a, g)  # exactly, not approximately
+        assert stats["clipped"] == 0.0 and stats["norm_after"] == stats["norm_before"]
+
+
+@pytest.mark.parametrize("method", [m for m in STATELESS if m != "none"])
+def test_clipping_twice_changes_nothing(method):
+    params = params_for_steps()
+    clipper = clipper_for(method, ACTIVE[method], params)
+    grads = [tf.constant(g) for g in gradients_at(0, norm=40.0)]
+    once, stats = clipper(grads, params)
+    twice, _ = clipper(once, params)
+    assert float(stats["clipped"]) == 1.0
+    for a, b in zip(as_numpy(once), as_numpy(twice), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6)
+
+
+def test_zclip_from_the_same_state_clipping_twice_changes_nothing():
+    params = params_for_steps()
+    clipper = clipper_for("zclip", ACTIVE["zclip"], params)
+    steps = spiky_steps()
+    for grads in steps[:-1]:
+        clipper([tf.constant(g) for g in grads], params)
+    saved = [v.numpy() for v in clipper.state_variables]
+    once, stats = clipper([tf.constant(g) for g in steps[-1]], params)
+    for v, value in zip(clipper.state_variables, saved, strict=True):
+        v.assign(value)
+    twice, stats_twice = clipper(once, params)
+    assert float(stats["clipped"]) == 1.0 and float(stats_twice["clipped"]) == 0.0
+    for a, b in zip(as_numpy(once), as_numpy(twice), strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
+def test_autoclip_is_not_idempotent_but_never_lengthens_a_gradient():
+    # history 1..5, then a norm of 100 at p=50: T = percentile([1..5, 100], 50) = 3.5. From the
+    # same state, the clipped gradient (norm 3.5) gives T = percentile([1..5, 3.5], 50) = 3.25.
+    params = params_for_steps()
+    clipper = clipper_for("autoclip", {"percentile": 50.0, "history": 100}, params)
+    for norm in (1.0, 2.0, 3.0, 4.0, 5.0):
+        clipper([tf.constant(g) for g in gradients_at(0, norm=norm)], params)
+    saved = [v.numpy() for v in clipper.state_variables]
+    once, stats = clipper([tf.constant(g) for g in gradients_at(1, norm=100.0)], params)
+    for v, value in zip(clipper.state_variables, saved, strict=True):
+        v.assign(value)
+    _, stats_twice = clipper(once, params)
+    assert float(stats["threshold"]) == pytest.approx(3.5)
+    assert float(stats_twice["threshold"]) == pytest.approx(3.25)
+    assert float(stats_twice["norm_after"]) < float(stats["norm_after"])
+
+
+def unit_bounds_hold(out, params, factor, eps):
+    bounds = [factor * np.maximum(unitwise_norm_reference(w.numpy()), eps) for w in params]
+    return all(np.all(unitwise_norm_reference(g) <= bound * (1 + 1e-6))
+               for g, bound in zip(out, bounds, strict=True))
+
+
+@pytest.mark.parametrize("method", ACTIVE)
+def test_the_norm_after_is_within_the_bound(method):
+    params = params_for_steps()
+    clipper = clipper_for(method, ACTIVE[method], params)
+    settings, tolerance = ACTIVE[method], 1 + 1e-6
+    steps = spiky_steps()
+    for out, stats in run_compiled(clipper, params, steps):
+        assert stats["norm_after"] == pytest.approx(global_norm64(out), rel=1e-6)
+        assert stats["norm_after"] <= stats["norm_before"] * tolerance
+        if method == "value":
+            assert max(np.max(np.abs(g)) for g in out) <= settings["max_value"]
+        elif method == "norm":
+            assert all(np.linalg.norm(g) <= settings["max_norm"] * tolerance for g in out)
+        elif method == "agc":
+            assert unit_bounds_hold(out, params, settings["factor"], settings["eps"])
+        else:  # global_norm, autoclip, zclip bound the global norm by `threshold`
+            assert stats["norm_after"] <= stats["threshold"] * tolerance
+    assert stats["clipped"] == (0.0 if method == "none" else 1.0)  # the spike was clipped
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan], ids=["inf", "nan"])
+@pytest.mark.parametrize("method", ACTIVE)
+def test_non_finite_gradients_pass_unchanged(method, bad):
+    params = params_for_steps()
+    clipper = clipper_for(method, ACTIVE[method], params)
+    for grads in spiky_steps():
+        clipper([tf.constant(g) for g in grads], params)  # past ZClip's warm-up
+    saved = [v.numpy() for v in clipper.state_variables]
+    grads = gradients_at(7, norm=40.0)
+    grads[0][1, 0] = bad
+    out, stats = clipper([tf.constant(g) for g in grads], params)
+    for a, g in zip(as_numpy(out), grads, strict=True):
+        np.testing.assert_array_equal(a, g)  # inf stays inf, NaN stays NaN, the rest as it was
+    assert not np.isfinite(float(stats["norm_before"])) and float(stats["clipped"]) == 0.0
+    for v, value in zip(clipper.state_variables, saved, strict=True):
+        np.testing.assert_array_equal(v.numpy(), value)  # statistics untouched
+
+
+@pytest.mark.parametrize("mode", ["tf.function", "jit_compile"])
+@pytest.mark.parametrize("method", ACTIVE)
+def test_compiled_steps_give_the_eager_results(method, mode):
+    results = {}
+    for run_mode in ("eager", mode):
+        params = params_for_steps()
+        clipper = clipper_for(method, ACTIVE[method], params)
+        step = MODES[run_mode](step_function(clipper, params))
+        results[run_mode] = [step([tf.constant(g) for g in grads]) for grads in spiky_steps()]
+    for (out_a, stats_a), (out_b, stats_b) in zip(*results.values(), strict=True):
+        for a, b in zip(as_numpy(out_a), as_numpy(out_b), strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+        assert set(stats_b) == STATS
+        for key in STATS:
+            assert stats_b[key].dtype == tf.float32 and stats_b[key].shape == ()
+            np.testing.assert_allclose(float(stats_b[key]), float(stats_a[key]), rtol=1e-6)
+
+
+def step_function(clipper, params):
+    def step(grads):
+        return clipper(grads, params)
+
+    return step
+
+
+# ------------------------------------------------------------ what the trainer relies on
+def test_none_gradients_pass_and_sparse_ones_are_clipped_dense():
+    params = variables([np.ones((3, 2), np.float32), np.ones((2,), np.float32)])
+    clipper = clipper_for("global_norm", {"max_norm": 1.0}, params)
+    sparse = tf.IndexedSlices(tf.constant([[30.0, 40.0]]), tf.constant([1]), tf.constant([3, 2]))
+    (dense, none), stats = clipper([sparse, None], params)
+    assert none is None and float(stats["norm_before"]) == pytest.approx(50.0)
+    np.testing.assert_allclose(dense, [[0, 0], [0.6, 0.8], [0, 0]], rtol=1e-6)
+
+
+def test_agc_output_params_as_variables_paths_or_booleans():
+    params = variables([np.ones((3, 2), np.float32), np.ones((2,), np.float32)])
+    grads = [tf.fill([3, 2], 100.0), tf.fill([2], 100.0)]
+    agc = OmegaConf.create({"name": "agc", **ACTIVE["agc"], "exclude_output": True})
+    for output in ([params[1]], [params[1].name], [False, True]):
+        out, _ = make_clipper(agc, params, output_params=output)(grads, params)
+        assert np.all(out[0].numpy() < 100.0) and np.all(out[1].numpy() == 100.0)
+    with pytest.raises(ValueError, match="output_params"):
+        make_clipper(agc, params)  # excluding the output layer needs to know which it is
+    with pytest.raises(ValueError, match="nosuch"):
+        make_clipper(agc, params, output_params=["nosuch/kernel"])
+
+
+def test_only_the_adaptive_methods_have_state_to_checkpoint():
+    params = params_for_steps()
+    for method, settings in ACTIVE.items():
+        state = clipper_for(method, settings, params).state_variables
+        assert bool(state) == (method in ("autoclip", "zclip"))
+        assert all(not v.trainable for v in state)
+
+
+# ------------------------------------------------------------ the config group
+@pytest.mark.parametrize("method", ACTIVE)
+def test_every_method_composes_validates_and_builds(make_cfg, method):
+    cfg = make_cfg(f"clipping={method}")
+    config.validate(cfg)
+    assert cfg.clipping.name == method
+    params = params_for_steps()
+    clipper = make_clipper(cfg.clipping, params, output_params=[False, True])
+    out, stats = clipper([tf.constant(g) for g in gradients_at(0)], params)
+    assert set(stats) == STATS and len(out) == len(params)
+
+
+def test_the_default_is_no_clipping(make_cfg):
+    assert make_cfg().clipping.name == "none"
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    (["clipping=global_norm", "clipping.max_norm=-1"], "clipping.max_norm=-1"),
+    (["clipping=norm", "clipping.max_norm=0"], "clipping.max_norm=0"),
+    (["clipping=value", "clipping.max_value=inf"], "clipping.max_value=inf"),
+    (["clipping=agc", "clipping.factor=-0.01"], "clipping.factor=-0.01"),
+    (["clipping=autoclip", "clipping.percentile=101"], "clipping.percentile=101"),
+    (["clipping=autoclip", "clipping.history=0"], "clipping.history=0"),
+    (["clipping=zclip", "clipping.alpha=1"], "clipping.alpha=1"),
+    (["clipping=zclip", "clipping.warmup_steps=0"], "clipping.warmup_steps=0"),
+])
+def test_bad_values_name_the_key(make_cfg, overrides, key):
+    with pytest.raises(config.ConfigError) as error:
+        config.validate(make_cfg(*overrides))
+    assert str(error.value).startswith(key)
