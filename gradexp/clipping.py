@@ -48,6 +48,13 @@ ZCLIP_EPS = 1e-6  # the ZClip reference's eps in z = (g − μ) / (σ + eps)
 
 
 # --------------------------------------------------------------------------- shared pieces
+def state_variable(value, name: str) -> tf.Variable:
+    """A clipping method's state. Under a distribution strategy every replica computes the same
+    update (it clips the summed gradient), so the first replica's write is kept."""
+    return tf.Variable(value, trainable=False, name=name,
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+
 def global_norm(grads: list) -> tf.Tensor:
     """‖g‖ = sqrt(Σ_i Σ g_i²) in float32, summed as Keras 3 sums it: per tensor, then over them."""
     squares = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads]
@@ -182,7 +189,7 @@ class NormHistory:
     @classmethod
     def create(cls, size: int) -> NormHistory:
         def variable(value, name):
-            return tf.Variable(value, trainable=False, name=f"autoclip/{name}")
+            return state_variable(value, f"autoclip/{name}")
 
         return cls(variable(tf.fill([size], INF), "arrivals"),
                    variable(tf.fill([size], INF), "ascending"),
@@ -273,7 +280,7 @@ class ZClipState:
     @classmethod
     def create(cls, warmup_steps: int) -> ZClipState:
         def variable(value, name):
-            return tf.Variable(value, trainable=False, name=f"zclip/{name}")
+            return state_variable(value, f"zclip/{name}")
 
         return cls(variable(tf.zeros([warmup_steps]), "warmup_norms"),
                    variable(tf.constant(0, tf.int64), "seen"),

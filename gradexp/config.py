@@ -21,6 +21,8 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
 DEVICES = ("auto", "cpu", "gpu")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+STRATEGIES = ("none", "mirrored")
 ACTIVATIONS = ("relu", "tanh", "sigmoid", "gelu", "elu", "selu", "silu", "softplus", "linear")
 INITIALIZERS = (
     "glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "lecun_uniform",
@@ -282,6 +284,7 @@ class TrainerConfig:
     histogram_every: int = MISSING  # gradient histograms in TensorBoard; 0: never
     loss_reduction: str = MISSING  # sum: dy is in per-example units whatever the batch size
     divergence_factor: float = MISSING  # loss above this × the first loss: diverged
+    jit_compile: bool = MISSING  # XLA-compile the step
 
     def check(self) -> None:
         at_least(self, 1, "steps", "batch_size", "log_every", "eval_every")
@@ -303,6 +306,8 @@ class Config:
     clip: float | None = MISSING
     seed: int = MISSING
     device: str = MISSING
+    precision: str = MISSING
+    strategy: str = MISSING
 
 
 SCHEMAS = {
@@ -360,6 +365,8 @@ def validate(cfg: DictConfig) -> None:
     need(cfg.clip is None or (finite(cfg.clip) and cfg.clip > 0), "clip", cfg.clip,
          "must be a positive number or null (null: no clipping)")
     one_of("device", cfg.device, DEVICES)
+    one_of("precision", cfg.precision, PRECISIONS)
+    one_of("strategy", cfg.strategy, STRATEGIES)
     for group in CHECKED:
         try:
             OmegaConf.to_object(cfg[group]).check()

@@ -23,11 +23,16 @@ class Arrays:
     y_train: np.ndarray
     x_val: np.ndarray
     y_val: np.ndarray
-    num_classes: int
+    num_classes: int | None  # None: regression
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
+
+    @property
+    def num_outputs(self) -> int:
+        """Logits per class, or one predicted value for regression."""
+        return 1 if self.num_classes is None else self.num_classes
 
 
 def synthetic(d: DictConfig) -> tuple[np.ndarray, np.ndarray, int]:

@@ -29,3 +29,23 @@ def configure(device: str) -> str:
         except RuntimeError:  # the runtime is already initialised (a reused worker process)
             pass
     return f"{len(gpus)} gpu" if gpus else "cpu"
+
+
+def precision(policy: str) -> None:
+    """Set Keras's global dtype policy for the run (float32, mixed_float16, mixed_bfloat16).
+
+    Set every run, float32 included: a reused worker process keeps the last run's policy.
+    """
+    from gradexp._tf import keras
+
+    keras.mixed_precision.set_dtype_policy(policy)
+
+
+def strategy(name: str):
+    """`none`: TensorFlow's default (one device); `mirrored`: every visible GPU, or every
+    logical CPU when there is no GPU (a test splits the CPU into two logical devices)."""
+    if name == "none":
+        return tf.distribute.get_strategy()
+    gpus = tf.config.list_logical_devices("GPU")
+    devices = [d.name for d in gpus or tf.config.list_logical_devices("CPU")]
+    return tf.distribute.MirroredStrategy(devices)

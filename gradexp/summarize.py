@@ -347,18 +347,36 @@ def trailing_mean(x: np.ndarray, window: int) -> np.ndarray:
     return (sums[t] - sums[start]) / (t - start)
 
 
-def divergence_step(table: pd.DataFrame, factor: float, reported_step: float = math.nan) -> float:
-    """The step at which the run diverged, NaN if it did not: the earliest of the step the run
-    reported (summary.json) and the first step t with
+def diverged(loss, grad_norm, skipped, isfinite=np.isfinite):
+    """Elementwise, whether a step diverged: its loss is not finite, or its gradient norm is not
+    finite on a step the loss-scale optimizer did not skip (under mixed_float16 an overflow
+    only lowers the loss scale). `isfinite` is np.isfinite here, tf.math.is_finite when the
+    trainer checks inside its compiled step: one rule for both."""
+    return ~isfinite(loss) | (~isfinite(grad_norm) & (skipped == 0))
 
-        loss_t not finite  or  grad_norm_t not finite  or  loss_t > factor · loss_1
 
-    where loss_1 is the loss of the run's first step (the trainer's own rule, train.py)."""
+def divergence_step(steps, loss, grad_norm, skipped, factor: float,
+                    first_loss: float | None = None) -> float:
+    """The first step t that `diverged` or has loss_t > factor · loss_1 (loss_1: the run's
+    first loss, `first_loss` when the arrays start later); NaN if none. The trainer stops a
+    run at this step (train.py), by the same function."""
+    loss = np.asarray(loss, float)
+    if not len(loss):
+        return math.nan
+    first = loss[0] if first_loss is None else first_loss
+    bad = diverged(loss, np.asarray(grad_norm, float), np.asarray(skipped))
+    bad |= loss > factor * first
+    return float(np.asarray(steps)[np.argmax(bad)]) if bad.any() else math.nan
+
+
+def table_divergence_step(table: pd.DataFrame, factor: float,
+                          reported_step: float = math.nan) -> float:
+    """The earliest of the step the run reported (summary.json) and `divergence_step` of its
+    table (a table without gradient norms: the loss alone decides)."""
     loss = table[LOSS].to_numpy(float)
-    bad = ~np.isfinite(loss) | (loss > factor * loss[0])
-    if GRAD_NORM in table:
-        bad |= ~np.isfinite(table[GRAD_NORM].to_numpy(float))
-    found = float(table["step"].to_numpy()[np.argmax(bad)]) if bad.any() else math.nan
+    norm = table[GRAD_NORM].to_numpy(float) if GRAD_NORM in table else np.zeros(len(loss))
+    skipped = table["skipped"].to_numpy(float) if "skipped" in table else np.zeros(len(loss))
+    found = divergence_step(table["step"].to_numpy(), loss, norm, skipped, factor)
     return float(np.fmin(found, reported_step))
 
 
@@ -456,7 +474,7 @@ def run_metrics(table: pd.DataFrame, settings: Settings = DEFAULTS, divergence_f
                 reported_diverged_step: float = math.nan, target_loss: float = math.nan) -> dict:
     """Every metric of one run's table (one row per step). All but `diverged` and
     `diverged_step` are measured on the steps before the divergence."""
-    diverged_at = divergence_step(table, divergence_factor, reported_diverged_step)
+    diverged_at = table_divergence_step(table, divergence_factor, reported_diverged_step)
     part = steps_before_divergence(table, diverged_at)
     loss = part[LOSS].to_numpy(float)
     norm = part[GRAD_NORM].to_numpy(float) if GRAD_NORM in part else np.array([])

@@ -64,9 +64,10 @@ def main() -> None:
 
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
     """Train as `cfg` says, writing into `run_dir`; return the run's summary."""
-    from gradexp import data, devices, models
+    from gradexp import clipping, data, devices, models
     from gradexp._tf import keras, tf
     from gradexp.logs import RunLog
+    from gradexp.summarize import diverged
 
     started = time.perf_counter()
     t = cfg.trainer
@@ -75,43 +76,75 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
     where = devices.configure(cfg.device)
     keras.backend.clear_session()
     keras.utils.set_random_seed(cfg.seed)
+    devices.precision(cfg.precision)
+    strategy = devices.strategy(cfg.strategy)
+    replicas = strategy.num_replicas_in_sync
 
     arrays = data.load(cfg.dataset)
     train_batches, val_batches = data.pipelines(arrays, t.batch_size, cfg.seed)
-    model = models.build(cfg, arrays.input_shape, arrays.num_classes)
-    params = model.trainable_variables
-    optimizer = make_optimizer(cfg.optimizer, keras)
-    optimizer.build(params)
+    with strategy.scope():
+        model = models.build(cfg, arrays.input_shape, arrays.num_outputs)
+        params = model.trainable_variables
+        optimizer = make_optimizer(cfg.optimizer, cfg.precision, keras)
+        optimizer.build(params)
+        head = models.head(model).trainable_variables
+        clipper = clipping.make_clipper(cfg.clipping, params, output_params=head)
+    loss_scale = getattr(optimizer, "dynamic_scale", None)  # mixed_float16 only
     layers = models.clip_layers(model)
+    for layer in layers:
+        layer.follow_loss_scale(loss_scale)
     probes = [layer.gradient_stats.value for layer in layers]
-    names = metric_names([layer.name.removeprefix("clip_") for layer in layers])
-    per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-    reduce_loss = tf.reduce_sum if t.loss_reduction == "sum" else tf.reduce_mean
+    names = metric_names([layer.name.removeprefix("clip_") for layer in layers],
+                         loss_scaling=loss_scale is not None)
+    per_example_loss = task_loss(arrays.num_classes, keras, tf)
+    loss_weight = 1.0 if t.loss_reduction == "sum" else 1.0 / t.batch_size  # global batch
 
-    @tf.function
-    def train_step(x, y):
+    def gradients_of(x, y):
+        """Forward and backward on this replica's share of the batch."""
         with tf.GradientTape() as tape:
             tape.watch(probes)
             losses = per_example_loss(y, model(x, training=True))
-            loss = reduce_loss(losses)
-        grads, stats = tape.gradient(loss, (params, probes))
-        optimizer.apply(grads, params)
-        metrics = {"loss/train": tf.reduce_mean(losses),
-                   "grad_norm/global": tf.linalg.global_norm(grads),
+            scaled_loss = optimizer.scale_loss(tf.reduce_sum(losses) * loss_weight)
+        grads, stats = tape.gradient(scaled_loss, (params, probes))
+        return grads, stats, tf.reduce_sum(losses)
+
+    def replica_step(x, y):
+        """One step: gradients summed over replicas, parameter clipping on the sum, update."""
+        sums = tf.distribute.get_replica_context().all_reduce("SUM", gradients_of(x, y))
+        grads, stats, loss_sum = sums
+        scale = 1.0 if loss_scale is None else tf.cast(loss_scale, tf.float32)
+        clipped, c = clipper([g / scale for g in grads], params)
+        # The optimizer sums over replicas again and unscales: hand it scale·g / replicas.
+        optimizer.apply([g * (scale / replicas) for g in clipped], params)
+        metrics = {"loss/train": loss_sum / t.batch_size,
+                   "grad_norm/global": c["norm_before"], "grad_norm/global/post": c["norm_after"],
+                   "param_clip/threshold": c["threshold"], "param_clip/clipped": c["clipped"],
                    "learning_rate": tf.cast(optimizer.learning_rate, tf.float32)}
+        if loss_scale is not None:
+            metrics["loss_scale"] = scale
+            metrics["skipped"] = 1.0 - tf.cast(tf.math.is_finite(c["norm_before"]), tf.float32)
         for layer, s in zip(layers, stats, strict=True):
             metrics.update(layer_metrics(layer.name.removeprefix("clip_"), s, tf))
         return metrics
 
+    if replicas > 1:  # XLA cannot compile the cross-replica sum: compile the replica's part
+        gradients_of = tf.function(gradients_of, jit_compile=t.jit_compile)
+    else:
+        replica_step = tf.function(replica_step, jit_compile=t.jit_compile)
+
+    def train_step(x, y):  # every replica returns the same measurements: keep the first's
+        return strategy.experimental_local_results(strategy.run(replica_step, (x, y)))[0]
+
     @tf.function
     def train_steps(iterator, n):
-        """Up to n steps in one call; stops after a step whose loss or gradient is not finite."""
+        """Up to n steps in one call; stops after a step that diverged (see `diverged`)."""
         rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
         for i in tf.range(n):
             x, y = next(iterator)
             m = train_step(x, y)
             rows = rows.write(i, tf.stack([m[k] for k in names]))
-            if not tf.math.is_finite(m["loss/train"] + m["grad_norm/global"]):
+            if diverged(m["loss/train"], m["grad_norm/global"], m.get("skipped", 0.0),
+                        isfinite=tf.math.is_finite):
                 break
         return rows.stack()
 
@@ -119,21 +152,24 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
     def evaluate():
         loss_sum, correct, count = 0.0, 0.0, 0.0
         for x, y in val_batches:
-            logits = model(x, training=False)
-            loss_sum += tf.reduce_sum(per_example_loss(y, logits))
-            predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
-            correct += tf.reduce_sum(tf.cast(predicted == y, tf.float32))
+            outputs = model(x, training=False)
+            loss_sum += tf.reduce_sum(per_example_loss(y, outputs))
+            if arrays.num_classes is not None:
+                predicted = tf.argmax(outputs, axis=-1, output_type=tf.int32)
+                correct += tf.reduce_sum(tf.cast(predicted == y, tf.float32))
             count += tf.cast(tf.shape(y)[0], tf.float32)
-        return {"loss/val": loss_sum / count, "accuracy/val": correct / count}
+        accuracy = correct / count if arrays.num_classes is not None else float("nan")
+        return {"loss/val": loss_sum / count, "accuracy/val": accuracy}
 
     def gradients(x, y):  # for histograms only: the step itself stays lean
         with tf.GradientTape() as tape:
-            loss = reduce_loss(per_example_loss(y, model(x, training=True)))
+            loss = tf.reduce_sum(per_example_loss(y, model(x, training=True))) * loss_weight
         grads = tape.gradient(loss, params)
         return {f"gradients/{v.path}": g for v, g in zip(params, grads, strict=True)}
 
     runlog = RunLog(run_dir, names, cfg)
-    iterator = iter(train_batches)
+    iterator = iter(strategy.experimental_distribute_dataset(train_batches))
+    histogram_batches = iter(train_batches)  # its own stream: the training order stays as is
     loss_column = names.index("loss/train")
     losses, val, step, diverged_step = [], None, 0, None
     timed_steps, timed_seconds = 0, 0.0  # training calls after the first (which traces)
@@ -156,7 +192,7 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
             val = {k: float(v) for k, v in evaluate().items()}
         runlog.steps(steps, rows, val)
         if t.histogram_every and step % t.histogram_every == 0 and diverged_step is None:
-            runlog.histograms(step, gradients(*next(iterator)))
+            runlog.histograms(step, gradients(*next(histogram_batches)))
         log.info(progress(step, t.steps, rows, names, val, len(rows) / seconds))
 
     wall = time.perf_counter() - started
@@ -181,19 +217,37 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
     return summary
 
 
-def make_optimizer(o: DictConfig, keras):
+def make_optimizer(o: DictConfig, precision: str, keras):
+    """The optimizer of `o`; under mixed_float16 inside Keras's dynamic loss scaling."""
     if o.name == "sgd":
-        return keras.optimizers.SGD(o.learning_rate, momentum=o.momentum, nesterov=o.nesterov)
-    return keras.optimizers.Adam(o.learning_rate, beta_1=o.beta_1, beta_2=o.beta_2,
-                                 epsilon=o.epsilon)
+        optimizer = keras.optimizers.SGD(o.learning_rate, momentum=o.momentum,
+                                         nesterov=o.nesterov)
+    else:
+        optimizer = keras.optimizers.Adam(o.learning_rate, beta_1=o.beta_1, beta_2=o.beta_2,
+                                          epsilon=o.epsilon)
+    if precision == "mixed_float16":
+        return keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
 
 
-def metric_names(positions: list[str]) -> list[str]:
+def task_loss(num_classes: int | None, keras, tf):
+    """Per-example loss: cross-entropy of logits, or squared error of one output (regression)."""
+    if num_classes is not None:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    return lambda y, outputs: tf.square(outputs[:, 0] - tf.cast(y, outputs.dtype))
+
+
+def metric_names(positions: list[str], loss_scaling: bool = False) -> list[str]:
     """The per-step measurements, in the order of the rows the step returns."""
     per_layer = [f"{kind}/{p}{suffix}" for p in positions
                  for kind, suffix in (("grad_norm", "/pre"), ("grad_norm", "/post"),
                                       ("clip_fraction", ""))]
-    return ["loss/train", "grad_norm/global", "learning_rate", *per_layer]
+    scaling = ["loss_scale", "skipped"] if loss_scaling else []
+    return ["loss/train", "grad_norm/global", "grad_norm/global/post", "param_clip/threshold",
+            "param_clip/clipped", "learning_rate", *scaling, *per_layer]
+
+
+
 
 
 def layer_metrics(position: str, stats, tf) -> dict:
@@ -204,12 +258,13 @@ def layer_metrics(position: str, stats, tf) -> dict:
 
 
 def first_diverged_step(steps, rows, names, first_loss, factor) -> int | None:
-    """The first step whose loss or gradient norm is not finite, or whose loss exceeds
-    `factor` × the first step's loss."""
-    loss = rows[:, names.index("loss/train")]
-    norm = rows[:, names.index("grad_norm/global")]
-    bad = ~np.isfinite(loss) | ~np.isfinite(norm) | (loss > factor * first_loss)
-    return int(steps[np.argmax(bad)]) if bad.any() else None
+    """summarize.divergence_step of these rows (the run's own rule and the summary's)."""
+    from gradexp.summarize import divergence_step
+
+    column = {name: rows[:, i] for i, name in enumerate(names)}
+    step = divergence_step(steps, column["loss/train"], column["grad_norm/global"],
+                           column.get("skipped", np.zeros(len(rows))), factor, first_loss)
+    return None if np.isnan(step) else int(step)
 
 
 def progress(step, steps, rows, names, val, rate) -> str:
