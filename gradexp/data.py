@@ -1,5 +1,7 @@
 """Datasets (arrays in memory) and their tf.data pipelines.
 
+Each loader returns (x, y, num_classes); num_classes None means regression (y is a float per
+example, the model has one output).
 Every dataset is made or read here without a download: `synthetic` is generated from
 `dataset.seed`, `digits` ships inside the scikit-learn wheel. The split into training and
 validation depends on `dataset.seed` only, so runs that differ in `seed` see the same data
@@ -22,11 +24,16 @@ class Arrays:
     y_train: np.ndarray
     x_val: np.ndarray
     y_val: np.ndarray
-    num_classes: int
+    num_classes: int | None  # None: regression
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
+
+    @property
+    def num_outputs(self) -> int:
+        """Logits per class, or one predicted value for regression."""
+        return 1 if self.num_classes is None else self.num_classes
 
 
 def synthetic(d: DictConfig) -> tuple[np.ndarray, np.ndarray, int]:

@@ -18,20 +18,21 @@ from gradexp.layers import ClipGradient
 Tap = Callable[[str, "keras.KerasTensor"], "keras.KerasTensor"]
 
 
-def mlp(m: DictConfig, x, num_classes: int, tap: Tap):
+def mlp(m: DictConfig, x, num_outputs: int, tap: Tap):
     x = keras.layers.Flatten(name="flatten")(x)
     for name in OmegaConf.to_object(m).positions():
         x = keras.layers.Dense(m.width, m.activation, kernel_initializer=m.initializer,
                                name=name)(x)
         x = tap(name, x)
-    return keras.layers.Dense(num_classes, kernel_initializer=m.initializer, name="logits")(x)
+    return keras.layers.Dense(num_outputs, kernel_initializer=m.initializer, name="head")(x)
 
 
 BUILDERS = {"mlp": mlp}
 
 
-def build(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
-    """The model of `cfg.model`, with clip layers at `cfg.layer.positions` (logits out)."""
+def build(cfg: DictConfig, input_shape: tuple[int, ...], num_outputs: int) -> keras.Model:
+    """The model of `cfg.model`, with clip layers at `cfg.layer.positions`; its output layer,
+    `head`, gives logits (classification) or the predicted value (regression)."""
     clip_min, clip_max = clip_bounds(cfg)
     chosen = positions(cfg)
     tapped = []
@@ -44,10 +45,10 @@ def build(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> ke
                             name=f"clip_{name}")(x)
 
     inputs = keras.Input(input_shape, name="inputs")
-    logits = BUILDERS[cfg.model.name](cfg.model, inputs, num_classes, tap)
+    outputs = BUILDERS[cfg.model.name](cfg.model, inputs, num_outputs, tap)
     expected = OmegaConf.to_object(cfg.model).positions()
     assert tapped == expected, f"{cfg.model.name} tapped {tapped}, schema says {expected}"
-    return keras.Model(inputs, logits, name=cfg.model.name)
+    return keras.Model(inputs, outputs, name=cfg.model.name)
 
 
 def clip_layers(model: keras.Model) -> list[ClipGradient]:

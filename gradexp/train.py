@@ -75,14 +75,17 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
 
     arrays = data.load(cfg.dataset)
     train_batches, val_batches = data.pipelines(arrays, t.batch_size, cfg.seed)
-    model = models.build(cfg, arrays.input_shape, arrays.num_classes)
+    model = models.build(cfg, arrays.input_shape, arrays.num_outputs)
     params = model.trainable_variables
     optimizer = make_optimizer(cfg.optimizer, keras)
     optimizer.build(params)
     layers = models.clip_layers(model)
     probes = [layer.gradient_stats.value for layer in layers]
     names = metric_names([layer.name.removeprefix("clip_") for layer in layers])
-    per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    regression = arrays.num_classes is None  # one output, squared error, no accuracy
+    per_example_loss = (
+        keras.losses.MeanSquaredError(reduction=None) if regression
+        else keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None))
     reduce_loss = tf.reduce_sum if t.loss_reduction == "sum" else tf.reduce_mean
 
     @tf.function
@@ -118,10 +121,12 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
         for x, y in val_batches:
             logits = model(x, training=False)
             loss_sum += tf.reduce_sum(per_example_loss(y, logits))
-            predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
-            correct += tf.reduce_sum(tf.cast(predicted == y, tf.float32))
+            if not regression:
+                predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
+                correct += tf.reduce_sum(tf.cast(predicted == y, tf.float32))
             count += tf.cast(tf.shape(y)[0], tf.float32)
-        return {"loss/val": loss_sum / count, "accuracy/val": correct / count}
+        accuracy = tf.constant(np.nan, tf.float32) if regression else correct / count
+        return {"loss/val": loss_sum / count, "accuracy/val": accuracy}
 
     def gradients(x, y):  # for histograms only: the step itself stays lean
         with tf.GradientTape() as tape:
