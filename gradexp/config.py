@@ -118,6 +118,45 @@ class DigitsConfig:
         check_val_fraction(self.val_fraction)
 
 
+@dataclass
+class AddingConfig:
+    """The adding problem: `length` steps of (value, marker), target = the sum of the two marked
+    values (regression). Definition in gradexp/data.py `adding`."""
+
+    name: str = "adding"
+    num_examples: int = MISSING
+    length: int = MISSING
+    val_fraction: float = MISSING
+    seed: int = MISSING
+
+    def check(self) -> None:
+        at_least(self, 2, "num_examples", "length")  # one marker in each half
+        check_val_fraction(self.val_fraction)
+
+
+@dataclass
+class TeacherConfig:
+    """Regression on a random deep tanh network's output, for deep MLPs (gradexp/data.py
+    `teacher`): `depth` layers of `width`, weights N(0, gain²/fan_in), targets standardised."""
+
+    name: str = "teacher"
+    num_examples: int = MISSING
+    num_features: int = MISSING
+    depth: int = MISSING
+    width: int = MISSING
+    gain: float = MISSING
+    noise: float = MISSING
+    val_fraction: float = MISSING
+    seed: int = MISSING
+
+    def check(self) -> None:
+        at_least(self, 2, "num_examples")
+        at_least(self, 1, "num_features", "depth", "width")
+        need(finite(self.gain) and self.gain > 0, "gain", self.gain, "must be a positive number")
+        need(finite(self.noise) and self.noise >= 0, "noise", self.noise, "must be a number >= 0")
+        check_val_fraction(self.val_fraction)
+
+
 def check_val_fraction(value: float) -> None:
     need(0 < value < 1, "val_fraction", value, "must be between 0 and 1 (exclusive)")
 
@@ -211,7 +250,7 @@ class Config:
 
 SCHEMAS = {
     "model": [MLPConfig],
-    "dataset": [SyntheticConfig, DigitsConfig],
+    "dataset": [SyntheticConfig, DigitsConfig, AddingConfig, TeacherConfig],
     "optimizer": [SGDConfig, AdamConfig],
 }
 CHECKED = ("model", "dataset", "optimizer", "layer", "trainer")  # nodes with a `check`
