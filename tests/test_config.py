@@ -14,7 +14,9 @@ BAD = [
     (["clip=-1"], "clip=-1", "positive number or null"),
     (["clip=abc"], "clip=abc", "Float"),
     (["layer.clip_min=1", "layer.clip_max=0"], "layer.clip_min=1", "must not exceed clip_max"),
-    (["model=nosuch"], "model=nosuch", "choose one of mlp"),
+    (["model=nosuch"], "model=nosuch", "choose one of cnn, mlp, rnn, transformer"),
+    (["model=cnn", "dataset=adding"], "model=cnn",
+     "needs image inputs (H, W, C); dataset=adding gives sequences (50, 2)"),
     (["layer.positions=[nosuch]"], "layer.positions=nosuch", "dense_1, dense_2, dense_3"),
     (["trainer.steps=0"], "trainer.steps=0", ">= 1"),
     (["trainer.stepz=5"], "trainer.stepz", "allowed: steps, batch_size"),
@@ -32,7 +34,8 @@ def has_gpu() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-@pytest.mark.parametrize(("overrides", "key", "allowed"), BAD, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+@pytest.mark.parametrize(("overrides", "key", "allowed"), BAD,
+                         ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key, allowed):
     flags = [o for o in overrides if o.startswith("-")]
     values = [o for o in overrides if not o.startswith("-")]
