@@ -280,6 +280,52 @@ class TeacherConfig:
         check_val_fraction(self.val_fraction)
 
 
+@dataclass
+class KerasImagesConfig:
+    """An image set of keras.datasets: its training and test files pooled, then split by
+    `val_fraction` like every dataset. The files are read from `cache_dir` (null: Keras's own,
+    $KERAS_HOME/datasets or ~/.keras/datasets) and downloaded there when missing."""
+
+    name: str = MISSING
+    cache_dir: str | None = MISSING
+    num_examples: int | None = MISSING  # null: all; else a random subset (by `seed`) of this many
+    val_fraction: float = MISSING
+    seed: int = MISSING
+    SHAPE: ClassVar[tuple[int, ...]] = ()
+
+    def input_shape(self) -> tuple[int, ...]:
+        return self.SHAPE
+
+    def check(self) -> None:
+        need(self.num_examples is None or self.num_examples >= 2, "num_examples",
+             self.num_examples, "must be an integer >= 2, or null (all)")
+        check_val_fraction(self.val_fraction)
+
+
+@dataclass
+class MNISTConfig(KerasImagesConfig):
+    """LeCun et al.'s handwritten digits: 70 000 28×28 grey images, 10 classes."""
+
+    name: str = "mnist"
+    SHAPE: ClassVar[tuple[int, ...]] = (28, 28, 1)
+
+
+@dataclass
+class FashionMNISTConfig(KerasImagesConfig):
+    """Zalando's Fashion-MNIST: 70 000 28×28 grey images of clothes, 10 classes."""
+
+    name: str = "fashion_mnist"
+    SHAPE: ClassVar[tuple[int, ...]] = (28, 28, 1)
+
+
+@dataclass
+class CIFAR10Config(KerasImagesConfig):
+    """Krizhevsky's CIFAR-10: 60 000 32×32 colour images, 10 classes."""
+
+    name: str = "cifar10"
+    SHAPE: ClassVar[tuple[int, ...]] = (32, 32, 3)
+
+
 def check_val_fraction(value: float) -> None:
     need(0 < value < 1, "val_fraction", value, "must be between 0 and 1 (exclusive)")
 
@@ -373,7 +419,8 @@ class Config:
 
 SCHEMAS = {
     "model": [MLPConfig, CNNConfig, RNNConfig, TransformerConfig],
-    "dataset": [SyntheticConfig, DigitsConfig, AddingConfig, TeacherConfig],
+    "dataset": [SyntheticConfig, DigitsConfig, AddingConfig, TeacherConfig,
+                MNISTConfig, FashionMNISTConfig, CIFAR10Config],
     "optimizer": [SGDConfig, AdamConfig],
 }
 CHECKED = ("model", "dataset", "optimizer", "layer", "trainer")  # nodes with a `check`
