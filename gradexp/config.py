@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -30,6 +30,8 @@ INITIALIZERS = (
 )
 LOSS_REDUCTIONS = ("sum", "mean")
 NORM_AXES = ("batch", "example")
+CELLS = ("simple", "lstm", "gru")
+NORMS = ("pre", "post")
 
 
 class ConfigError(ValueError):
@@ -65,15 +67,22 @@ def at_least(node: Any, minimum: float, *keys: str) -> None:
 # keys relative to the group (`validate` adds the group's name in front).
 
 # ---------------------------------------------------------------------------------- models
+# Each model schema also says which inputs it takes (`INPUTS`, kinds of input shape, see
+# `input_kind`); `check_model_takes` holds that against the dataset's shape.
+VECTORS, SEQUENCES, IMAGES = "vectors", "sequences", "images"  # (F,), (T, F), (H, W, C)
+
+
 @dataclass
 class MLPConfig:
-    """`depth` hidden Dense layers of `width` units, then a Dense output layer."""
+    """Inputs flattened, `depth` hidden Dense layers of `width` units, a Dense output layer."""
 
     name: str = "mlp"
     depth: int = MISSING
     width: int = MISSING
     activation: str = MISSING
     initializer: str = MISSING
+    INPUTS: ClassVar[tuple[str, ...]] = (VECTORS, SEQUENCES, IMAGES)
+    NEEDS: ClassVar[str] = "any inputs"
 
     def positions(self) -> list[str]:
         return [f"dense_{i}" for i in range(1, self.depth + 1)]
@@ -82,6 +91,108 @@ class MLPConfig:
         at_least(self, 1, "depth", "width")
         one_of("activation", self.activation, ACTIVATIONS)
         one_of("initializer", self.initializer, INITIALIZERS)
+
+
+@dataclass
+class CNNConfig:
+    """`blocks` × [Conv2D of filters·2^(i-1) (kernel_size², same padding) → activation → 2×2
+    max-pool], then one Dense layer of `width` units, then the output layer."""
+
+    name: str = "cnn"
+    blocks: int = MISSING
+    filters: int = MISSING
+    kernel_size: int = MISSING
+    width: int = MISSING
+    activation: str = MISSING
+    initializer: str = MISSING
+    INPUTS: ClassVar[tuple[str, ...]] = (IMAGES,)
+    NEEDS: ClassVar[str] = "image inputs (H, W, C)"
+
+    def positions(self) -> list[str]:
+        return [f"conv_{i}" for i in range(1, self.blocks + 1)] + ["dense_1"]
+
+    def check(self) -> None:
+        at_least(self, 1, "blocks", "filters", "kernel_size", "width")
+        one_of("activation", self.activation, ACTIVATIONS)
+        one_of("initializer", self.initializer, INITIALIZERS)
+
+
+@dataclass
+class RNNConfig:
+    """`layers` stacked recurrent layers of `units` (`cell`: simple | lstm | gru); the last one's
+    final output goes to the output layer. Images are read row by row (H steps of W·C features).
+
+    Positions of layer i: `rnn_<i>_state`, inside the recurrence (the hidden state h_t, at every
+    time step: backpropagation through time is clipped step by step), then `rnn_<i>`, the
+    layer's output. The recurrent kernel starts as `recurrent_gain` × a random orthogonal
+    matrix: above 1, gradients through time can explode.
+    """
+
+    name: str = "rnn"
+    cell: str = MISSING
+    units: int = MISSING
+    layers: int = MISSING
+    activation: str = MISSING  # of the state (simple) or the candidate (lstm, gru)
+    recurrent_gain: float = MISSING
+    INPUTS: ClassVar[tuple[str, ...]] = (SEQUENCES, IMAGES)
+    NEEDS: ClassVar[str] = "sequence inputs (T, F) or images (H, W, C), read row by row"
+
+    def positions(self) -> list[str]:
+        return [p for i in range(1, self.layers + 1) for p in (f"rnn_{i}_state", f"rnn_{i}")]
+
+    def check(self) -> None:
+        one_of("cell", self.cell, CELLS)
+        at_least(self, 1, "units", "layers")
+        one_of("activation", self.activation, ACTIVATIONS)
+        need(finite(self.recurrent_gain) and self.recurrent_gain > 0, "recurrent_gain",
+             self.recurrent_gain, "must be a positive number")
+
+
+@dataclass
+class TransformerConfig:
+    """A small encoder: inputs projected to `width` plus a learned position embedding, `blocks` ×
+    [multi-head self-attention, MLP of `mlp_width`], each a residual branch with layer norm,
+    then the mean over time and the output layer. Images are read row by row.
+
+    norm=pre: x + f(LN(x)) (GPT-2 style, a final LN before pooling); norm=post: LN(x + f(x))
+    (Vaswani et al. 2017), which needs a learning-rate warm-up to train stably (Xiong et al.
+    2020). Positions: `embed` (the projected inputs), then per block `attn_<i>` and `mlp_<i>`,
+    each branch's output before it joins the residual stream (so the skip connection carries
+    the unclipped gradient past it).
+    """
+
+    name: str = "transformer"
+    blocks: int = MISSING
+    width: int = MISSING
+    heads: int = MISSING
+    mlp_width: int = MISSING
+    activation: str = MISSING
+    norm: str = MISSING
+    INPUTS: ClassVar[tuple[str, ...]] = (SEQUENCES, IMAGES)
+    NEEDS: ClassVar[str] = "sequence inputs (T, F) or images (H, W, C), read row by row"
+
+    def positions(self) -> list[str]:
+        return ["embed"] + [p for i in range(1, self.blocks + 1) for p in (f"attn_{i}", f"mlp_{i}")]
+
+    def check(self) -> None:
+        at_least(self, 1, "blocks", "width", "heads", "mlp_width")
+        need(self.width % self.heads == 0, "width", self.width,
+             f"must be a multiple of heads ({self.heads})")
+        one_of("activation", self.activation, ACTIVATIONS)
+        one_of("norm", self.norm, NORMS)
+
+
+def input_kind(shape: tuple[int, ...]) -> str:
+    """vectors (F,), sequences (T, F) or images (H, W, C): what one example is."""
+    return {1: VECTORS, 2: SEQUENCES, 3: IMAGES}.get(len(shape), f"rank-{len(shape)} arrays")
+
+
+def check_model_takes(model: Any, dataset_name: str, shape: tuple[int, ...]) -> None:
+    """Raise ConfigError unless the model schema `model` takes examples of `shape`."""
+    kind = input_kind(shape)
+    if kind not in model.INPUTS:
+        raise ConfigError(f"model={model.name}: needs {model.NEEDS}; "
+                          f"dataset={dataset_name} gives {kind} {tuple(shape)}")
 
 
 # -------------------------------------------------------------------------------- datasets
@@ -96,6 +207,9 @@ class SyntheticConfig:
     separation: float = MISSING
     val_fraction: float = MISSING
     seed: int = MISSING  # the data stay the same across run seeds; `seed` varies init and order
+
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.num_features,)
 
     def check(self) -> None:
         at_least(self, 2, "num_examples", "num_classes")
@@ -113,8 +227,102 @@ class DigitsConfig:
     val_fraction: float = MISSING
     seed: int = MISSING
 
+    def input_shape(self) -> tuple[int, ...]:
+        return (8, 8, 1)
+
     def check(self) -> None:
         check_val_fraction(self.val_fraction)
+
+
+@dataclass
+class AddingConfig:
+    """The adding problem: `length` steps of (value, marker), target = the sum of the two marked
+    values (regression). Definition in gradexp/data.py `adding`."""
+
+    name: str = "adding"
+    num_examples: int = MISSING
+    length: int = MISSING
+    val_fraction: float = MISSING
+    seed: int = MISSING
+
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.length, 2)
+
+    def check(self) -> None:
+        at_least(self, 2, "num_examples", "length")  # one marker in each half
+        check_val_fraction(self.val_fraction)
+
+
+@dataclass
+class TeacherConfig:
+    """Regression on a random deep tanh network's output, for deep MLPs (gradexp/data.py
+    `teacher`): `depth` layers of `width`, weights N(0, gain²/fan_in), targets standardised."""
+
+    name: str = "teacher"
+    num_examples: int = MISSING
+    num_features: int = MISSING
+    depth: int = MISSING
+    width: int = MISSING
+    gain: float = MISSING
+    noise: float = MISSING
+    val_fraction: float = MISSING
+    seed: int = MISSING
+
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.num_features,)
+
+    def check(self) -> None:
+        at_least(self, 2, "num_examples")
+        at_least(self, 1, "num_features", "depth", "width")
+        need(finite(self.gain) and self.gain > 0, "gain", self.gain, "must be a positive number")
+        need(finite(self.noise) and self.noise >= 0, "noise", self.noise, "must be a number >= 0")
+        check_val_fraction(self.val_fraction)
+
+
+@dataclass
+class KerasImagesConfig:
+    """An image set of keras.datasets: its training and test files pooled, then split by
+    `val_fraction` like every dataset. The files are read from `cache_dir` (null: Keras's own,
+    $KERAS_HOME/datasets or ~/.keras/datasets) and downloaded there when missing."""
+
+    name: str = MISSING
+    cache_dir: str | None = MISSING
+    num_examples: int | None = MISSING  # null: all; else a random subset (by `seed`) of this many
+    val_fraction: float = MISSING
+    seed: int = MISSING
+    SHAPE: ClassVar[tuple[int, ...]] = ()
+
+    def input_shape(self) -> tuple[int, ...]:
+        return self.SHAPE
+
+    def check(self) -> None:
+        need(self.num_examples is None or self.num_examples >= 2, "num_examples",
+             self.num_examples, "must be an integer >= 2, or null (all)")
+        check_val_fraction(self.val_fraction)
+
+
+@dataclass
+class MNISTConfig(KerasImagesConfig):
+    """LeCun et al.'s handwritten digits: 70 000 28×28 grey images, 10 classes."""
+
+    name: str = "mnist"
+    SHAPE: ClassVar[tuple[int, ...]] = (28, 28, 1)
+
+
+@dataclass
+class FashionMNISTConfig(KerasImagesConfig):
+    """Zalando's Fashion-MNIST: 70 000 28×28 grey images of clothes, 10 classes."""
+
+    name: str = "fashion_mnist"
+    SHAPE: ClassVar[tuple[int, ...]] = (28, 28, 1)
+
+
+@dataclass
+class CIFAR10Config(KerasImagesConfig):
+    """Krizhevsky's CIFAR-10: 60 000 32×32 colour images, 10 classes."""
+
+    name: str = "cifar10"
+    SHAPE: ClassVar[tuple[int, ...]] = (32, 32, 3)
 
 
 def check_val_fraction(value: float) -> None:
@@ -311,8 +519,9 @@ class Config:
 
 
 SCHEMAS = {
-    "model": [MLPConfig],
-    "dataset": [SyntheticConfig, DigitsConfig],
+    "model": [MLPConfig, CNNConfig, RNNConfig, TransformerConfig],
+    "dataset": [SyntheticConfig, DigitsConfig, AddingConfig, TeacherConfig,
+                MNISTConfig, FashionMNISTConfig, CIFAR10Config],
     "optimizer": [SGDConfig, AdamConfig],
     "clipping": [NoClippingConfig, ValueClippingConfig, NormClippingConfig,
                  GlobalNormClippingConfig, AGCConfig, AutoClipConfig, ZClipConfig],
@@ -372,6 +581,8 @@ def validate(cfg: DictConfig) -> None:
             OmegaConf.to_object(cfg[group]).check()
         except ConfigError as exc:
             raise ConfigError(f"{group}.{exc}") from None
+    dataset = OmegaConf.to_object(cfg.dataset)
+    check_model_takes(OmegaConf.to_object(cfg.model), dataset.name, dataset.input_shape())
     low, high = clip_bounds(cfg)
     if low is not None and high is not None and low > high:
         raise ConfigError(f"layer.clip_min={_show(low)}, layer.clip_max={_show(high)}: "

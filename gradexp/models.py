@@ -1,8 +1,11 @@
 """Keras models with clip layers at named positions.
 
-Each builder calls `tap(name, x)` at every position where a clip layer may go (the names are the
-schema's `positions()`, see gradexp/config.py); `tap` inserts a `ClipGradient` layer named
-`clip_<name>` where the config asks for one and passes `x` through elsewhere.
+Each builder `f(model_cfg, inputs, num_outputs, tap) -> outputs` calls `tap(name, x)` at every
+position where a clip layer may go, in model order (the names are the schema's `positions()`,
+see gradexp/config.py): `tap` returns x through a `ClipGradient` layer named `clip_<name>` where
+the config asks for one, and x itself elsewhere. A position inside another layer (the recurrence
+of an RNN) asks `tap.layer(name)` for the clip layer itself (None where none is asked for).
+The output layer, `head`, gives logits (classification) or the predicted value (regression).
 """
 
 from __future__ import annotations
@@ -12,13 +15,27 @@ from collections.abc import Callable
 from omegaconf import DictConfig, OmegaConf
 
 from gradexp._tf import keras
-from gradexp.config import clip_bounds, positions
+from gradexp.config import check_model_takes, clip_bounds, positions
 from gradexp.layers import ClipGradient
 
-Tap = Callable[[str, "keras.KerasTensor"], "keras.KerasTensor"]
 HEAD = "head"  # every builder's output layer: logits, or the regression output
 
+class Tap:
+    """Hands out the clip layers of the chosen positions and records every position asked for."""
 
+    def __init__(self, chosen: list[str], make_layer: Callable[[str], ClipGradient]):
+        self.chosen, self.make_layer, self.tapped = chosen, make_layer, []
+
+    def layer(self, name: str) -> ClipGradient | None:
+        self.tapped.append(name)
+        return self.make_layer(name) if name in self.chosen else None
+
+    def __call__(self, name: str, x):
+        layer = self.layer(name)
+        return x if layer is None else layer(x)
+
+
+# ------------------------------------------------------------------------------ builders
 def mlp(m: DictConfig, x, num_outputs: int, tap: Tap):
     x = keras.layers.Flatten(name="flatten")(x)
     for name in OmegaConf.to_object(m).positions():
@@ -28,30 +45,153 @@ def mlp(m: DictConfig, x, num_outputs: int, tap: Tap):
     return keras.layers.Dense(num_outputs, kernel_initializer=m.initializer, name=HEAD)(x)
 
 
-BUILDERS = {"mlp": mlp}
+def cnn(m: DictConfig, x, num_outputs: int, tap: Tap):
+    for i in range(1, m.blocks + 1):
+        x = keras.layers.Conv2D(m.filters * 2 ** (i - 1), m.kernel_size, padding="same",
+                                activation=m.activation, kernel_initializer=m.initializer,
+                                name=f"conv_{i}")(x)
+        x = tap(f"conv_{i}", x)
+        x = keras.layers.MaxPooling2D(2, padding="same", name=f"pool_{i}")(x)  # 1×1 stays 1×1
+    x = keras.layers.Flatten(name="flatten")(x)
+    x = keras.layers.Dense(m.width, m.activation, kernel_initializer=m.initializer,
+                           name="dense_1")(x)
+    x = tap("dense_1", x)
+    return keras.layers.Dense(num_outputs, kernel_initializer=m.initializer, name=HEAD)(x)
 
 
+RNN_CELLS = {"simple": keras.layers.SimpleRNNCell, "lstm": keras.layers.LSTMCell,
+             "gru": keras.layers.GRUCell}
+
+
+def rnn(m: DictConfig, x, num_outputs: int, tap: Tap):
+    x = as_sequence(x)
+    for i in range(1, m.layers + 1):
+        cell = RNN_CELLS[m.cell](
+            m.units, activation=m.activation, name=f"rnn_{i}_cell",
+            recurrent_initializer=keras.initializers.Orthogonal(gain=m.recurrent_gain))
+        state_clip = tap.layer(f"rnn_{i}_state")
+        if state_clip is not None:
+            cell = ClippedStateCell(cell, state_clip, name=f"rnn_{i}_clipped_cell")
+        x = keras.layers.RNN(cell, return_sequences=i < m.layers, name=f"rnn_{i}")(x)
+        x = tap(f"rnn_{i}", x)
+    return keras.layers.Dense(num_outputs, name=HEAD)(x)
+
+
+def transformer(m: DictConfig, x, num_outputs: int, tap: Tap):
+    x = keras.layers.Dense(m.width, name="embed")(as_sequence(x))
+    x = tap("embed", PositionEmbedding(name="position")(x))
+    for i in range(1, m.blocks + 1):
+        def attention(h, i=i):
+            return keras.layers.MultiHeadAttention(m.heads, m.width // m.heads,
+                                                   name=f"attn_{i}")(h, h)
+
+        def feed_forward(h, i=i):
+            h = keras.layers.Dense(m.mlp_width, m.activation, name=f"mlp_{i}_in")(h)
+            return keras.layers.Dense(m.width, name=f"mlp_{i}_out")(h)
+
+        x = residual(x, attention, f"attn_{i}", m.norm, tap)
+        x = residual(x, feed_forward, f"mlp_{i}", m.norm, tap)
+    if m.norm == "pre":
+        x = keras.layers.LayerNormalization(name="final_norm")(x)
+    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+    return keras.layers.Dense(num_outputs, name=HEAD)(x)
+
+
+def residual(x, branch, name: str, norm: str, tap: Tap):
+    """pre: x + tap(f(LN(x))); post: LN(x + tap(f(x))). The tap is on the branch's output."""
+    norm_layer = keras.layers.LayerNormalization(name=f"{name}_norm")
+    add = keras.layers.Add(name=f"{name}_add")
+    if norm == "pre":
+        return add([x, tap(name, branch(norm_layer(x)))])
+    return norm_layer(add([x, tap(name, branch(x))]))
+
+
+def as_sequence(x):
+    """Images (H, W, C) read row by row: H time steps of W·C features. Sequences unchanged."""
+    if len(x.shape) == 4:
+        _, height, width, channels = x.shape
+        return keras.layers.Reshape((height, width * channels), name="rows")(x)
+    return x
+
+
+BUILDERS = {"mlp": mlp, "cnn": cnn, "rnn": rnn, "transformer": transformer}
+
+
+# -------------------------------------------------------------------------------- layers
+@keras.saving.register_keras_serializable(package="gradexp")
+class ClippedStateCell(keras.layers.Layer):
+    """A recurrent cell whose new hidden state passes a clip layer at every time step:
+
+        h_t = clip(cell(x_t, state_{t-1}).h)      output_t = h_t
+
+    Forward, the clip layer only scales (y = scale·x). Backward, in backpropagation through
+    time, the whole gradient reaching h_t (from output_t and from step t+1) is clipped before
+    it flows into step t, so the clip acts T times per sequence; its statistics add up over
+    the steps. An LSTM's carry c_t is not clipped, only h_t.
+    """
+
+    def __init__(self, cell, clip, **kwargs):
+        super().__init__(**kwargs)
+        self.cell, self.clip = cell, clip
+        self.state_size, self.output_size = cell.state_size, cell.output_size
+
+    def build(self, input_shape):
+        for layer, shape in ((self.cell, input_shape), (self.clip, (None, self.output_size))):
+            if not layer.built:  # a loaded model's cell comes built
+                layer.build(shape)
+
+    def call(self, inputs, states, training=False):
+        h, new_states = self.cell(inputs, states, training=training)
+        h = self.clip(h)
+        new_states = [h, *new_states[1:]] if isinstance(new_states, (list, tuple)) else h
+        return h, new_states
+
+    def get_initial_state(self, batch_size=None):
+        return self.cell.get_initial_state(batch_size)
+
+    def get_config(self):
+        return {**super().get_config(),
+                "cell": keras.saving.serialize_keras_object(self.cell),
+                "clip": keras.saving.serialize_keras_object(self.clip)}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        cell = keras.saving.deserialize_keras_object(config.pop("cell"))
+        clip = keras.saving.deserialize_keras_object(config.pop("clip"))
+        return cls(cell, clip, **config)
+
+
+@keras.saving.register_keras_serializable(package="gradexp")
+class PositionEmbedding(keras.layers.Layer):
+    """x + P with P a learned (T, width) matrix: attention alone is blind to order."""
+
+    def build(self, input_shape):
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=tuple(input_shape[1:]),
+            initializer=keras.initializers.RandomNormal(stddev=0.02))
+
+    def call(self, x):
+        return x + self.embeddings
+
+
+# ---------------------------------------------------------------------------------- model
 def build(cfg: DictConfig, input_shape: tuple[int, ...], num_outputs: int) -> keras.Model:
-    """The model of `cfg.model`, with clip layers at `cfg.layer.positions`.
+    """The model of `cfg.model` for examples of `input_shape`, with clip layers at
+    `cfg.layer.positions`; ConfigError if the model cannot take such examples.
 
     The outputs are float32 whatever the precision policy, so the loss is computed in float32.
     """
+    schema = OmegaConf.to_object(cfg.model)
+    check_model_takes(schema, cfg.dataset.name, input_shape)
     clip_min, clip_max = clip_bounds(cfg)
-    chosen = positions(cfg)
-    tapped = []
-
-    def tap(name, x):
-        tapped.append(name)
-        if name not in chosen:
-            return x
-        return ClipGradient(clip_min, clip_max, cfg.layer.scale, cfg.layer.grad_scale,
-                            max_norm=cfg.layer.max_norm, norm_axis=cfg.layer.norm_axis,
-                            name=f"clip_{name}")(x)
-
+    tap = Tap(positions(cfg), lambda name: ClipGradient(
+        clip_min, clip_max, cfg.layer.scale, cfg.layer.grad_scale, max_norm=cfg.layer.max_norm,
+        norm_axis=cfg.layer.norm_axis, name=f"clip_{name}"))
     inputs = keras.Input(input_shape, name="inputs")
     outputs = BUILDERS[cfg.model.name](cfg.model, inputs, num_outputs, tap)
-    expected = OmegaConf.to_object(cfg.model).positions()
-    assert tapped == expected, f"{cfg.model.name} tapped {tapped}, schema says {expected}"
+    expected = schema.positions()
+    assert tap.tapped == expected, f"{cfg.model.name} tapped {tap.tapped}, schema says {expected}"
     outputs = keras.layers.Activation("linear", dtype="float32", name="outputs")(outputs)
     return keras.Model(inputs, outputs, name=cfg.model.name)
 
@@ -62,5 +202,12 @@ def head(model: keras.Model):
 
 
 def clip_layers(model: keras.Model) -> list[ClipGradient]:
-    """The model's clip layers, in model order."""
-    return [layer for layer in model.layers if isinstance(layer, ClipGradient)]
+    """The model's clip layers in model order, those inside recurrent cells included."""
+    found = []
+    for layer in model.layers:
+        cell = getattr(layer, "cell", None)
+        if isinstance(cell, ClippedStateCell):
+            found.append(cell.clip)  # inside the recurrence: before the layer's output
+        if isinstance(layer, ClipGradient):
+            found.append(layer)
+    return found

@@ -22,6 +22,8 @@ def make_cfg():
     """compose(overrides) → the real config from conf/, with the given overrides."""
 
     def make(*overrides: str):
+        import gradexp.config  # noqa: F401  (puts the schemas in Hydra's ConfigStore)
+
         GlobalHydra.instance().clear()
         with initialize_config_dir(str(CONF), version_base="1.3"):
             return compose("config", overrides=list(overrides))

@@ -1,0 +1,179 @@
+"""The datasets: generated ones against their definitions, keras.datasets through Keras's own
+loading code on files written here in the format Keras expects, and the error for a missing file."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import pickle
+import shutil
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradexp import data
+from gradexp.config import ConfigError
+
+
+def dataset(make_cfg, name, *overrides):
+    return make_cfg(f"dataset={name}", *overrides).dataset
+
+
+# ---------------------------------------------------------------------------- generated
+@pytest.mark.parametrize("length", [11, 50])
+def test_adding_problem_definition(make_cfg, length):
+    x, y, num_classes = data.adding(dataset(make_cfg, "adding", "dataset.num_examples=4000",
+                                            f"dataset.length={length}"))
+    assert num_classes is None and x.shape == (4000, length, 2) and y.shape == (4000,)
+    values, markers = x[..., 0], x[..., 1]
+    assert values.min() >= 0 and values.max() < 1
+    assert set(np.unique(markers)) == {0.0, 1.0}
+    assert (markers.sum(axis=1) == 2).all()  # exactly two markers per sequence ...
+    half = length // 2
+    assert (markers[:, :half].sum(axis=1) == 1).all()  # ... one in each half
+    assert (markers[:, half:].sum(axis=1) == 1).all()
+    np.testing.assert_allclose(y, (values * markers).sum(axis=1), rtol=1e-6)  # y = v_i + v_j
+    # the sum of two U[0, 1]: mean 1, variance 1/6 (the MSE of always predicting 1)
+    assert abs(y.mean() - 1) < 0.03 and abs(y.var() - 1 / 6) < 0.02
+
+
+def test_adding_is_a_regression_split_by_its_seed(make_cfg):
+    d = dataset(make_cfg, "adding", "dataset.num_examples=100", "dataset.length=8")
+    a, b = data.load(d), data.load(d)
+    assert a.num_classes is None and a.num_outputs == 1 and a.input_shape == (8, 2)
+    np.testing.assert_array_equal(a.x_val, b.x_val)
+    assert len(a.x_train) == 80 and a.y_train.dtype == np.float32
+
+
+def test_teacher_targets_are_standardised_and_seeded(make_cfg):
+    d = dataset(make_cfg, "teacher", "dataset.num_examples=2000", "dataset.noise=0")
+    x, y, num_classes = data.teacher(d)
+    assert num_classes is None and x.shape == (2000, 32) and y.shape == (2000,)
+    assert abs(y.mean()) < 1e-5 and abs(y.std() - 1) < 1e-5
+    np.testing.assert_array_equal(y, data.teacher(d)[1])
+    other = dataset(make_cfg, "teacher", "dataset.num_examples=2000", "dataset.seed=1")
+    assert not np.allclose(y, data.teacher(other)[1])
+
+
+# ------------------------------------------------------------------------- keras.datasets
+# The files as Keras downloads them (keras/src/datasets/*.py), with a few examples each.
+LABELS = np.arange(10, dtype=np.uint8)
+
+
+def grey_images(n, seed):
+    return np.random.default_rng(seed).integers(0, 256, (n, 28, 28), dtype=np.uint8)
+
+
+def write_mnist(cache_dir):
+    np.savez(cache_dir / "mnist.npz", x_train=grey_images(10, 0), y_train=LABELS,
+             x_test=grey_images(4, 1), y_test=LABELS[:4])
+    return grey_images(10, 0)
+
+
+def write_fashion_mnist(cache_dir):
+    """IDX files, gzipped: labels after an 8-byte header, images after a 16-byte one."""
+    folder = cache_dir / "fashion-mnist"
+    folder.mkdir()
+    for split, n, seed in (("train", 10, 0), ("t10k", 4, 1)):
+        labels = np.array([2049, n], ">i4").tobytes() + LABELS[:n].tobytes()
+        images = np.array([2051, n, 28, 28], ">i4").tobytes() + grey_images(n, seed).tobytes()
+        (folder / f"{split}-labels-idx1-ubyte.gz").write_bytes(gzip.compress(labels))
+        (folder / f"{split}-images-idx3-ubyte.gz").write_bytes(gzip.compress(images))
+    return grey_images(10, 0)
+
+
+def write_cifar10(cache_dir):
+    """The python-version tarball: cifar-10-batches-py/{data_batch_1..5, test_batch}, each a
+    pickled dict whose b"data" is 10 000 × 3072 bytes (channel-major 32×32×3) and b"labels" a
+    list. Keras keeps the archive as <fname>_archive and fills 10 000 rows per batch. The rows
+    repeat ten images, so the archive is small."""
+    images = np.random.default_rng(0).integers(0, 256, (10, 3072), dtype=np.uint8)
+    rows = np.arange(10_000) % 10
+    batch = pickle.dumps({b"batch_label": b"fake", b"labels": rows.tolist(),
+                          b"data": images[rows]},
+                         protocol=4)  # 5 rebuilds arrays with a function Keras's unpickler refuses
+    archive = cache_dir / "cifar-10-batches-py-target_archive"
+    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
+        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(batch)
+            tar.addfile(info, io.BytesIO(batch))
+    return images.reshape(10, 3, 32, 32).transpose(0, 2, 3, 1)
+
+
+KERAS_SETS = {  # name: (writer, one example's shape, examples)
+    "mnist": (write_mnist, (28, 28, 1), 14),
+    "fashion_mnist": (write_fashion_mnist, (28, 28, 1), 14),
+    "cifar10": (write_cifar10, (32, 32, 3), 60_000),
+}
+
+
+@pytest.mark.parametrize("name", KERAS_SETS)
+def test_keras_dataset_loads_files_from_cache_dir(make_cfg, tmp_path, name):
+    write, shape, total = KERAS_SETS[name]
+    first_images = write(tmp_path)
+    d = dataset(make_cfg, name, f"dataset.cache_dir={tmp_path}", "dataset.num_examples=null")
+    x, y, num_classes = data.keras_images(d)  # keras.datasets.<name>.load_data(), for real
+    assert x.shape == (total, *shape) and x.dtype == np.float32 and num_classes == 10
+    expected = first_images.reshape(len(first_images), *shape)
+    np.testing.assert_allclose(x[:10], expected / 255.0, rtol=1e-6)  # the training files first
+    np.testing.assert_array_equal(y[:10], LABELS)
+    subset = data.load(dataset(make_cfg, name, f"dataset.cache_dir={tmp_path}",
+                               "dataset.num_examples=10", "dataset.val_fraction=0.2"))
+    assert (len(subset.x_train), len(subset.x_val)) == (8, 2)
+    assert subset.input_shape == shape and subset.num_outputs == 10
+    shutil.rmtree(tmp_path)  # cifar10 extracts 180 MB
+
+
+MISSING = {  # name: the file Keras looks for first, relative to cache_dir, and where it is from
+    "mnist": ("mnist.npz", "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"),
+    "fashion_mnist": ("fashion-mnist/train-labels-idx1-ubyte.gz",
+                      "https://storage.googleapis.com/tensorflow/tf-keras-datasets/"
+                      "train-labels-idx1-ubyte.gz"),
+    "cifar10": ("cifar-10-batches-py-target_archive",
+                "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"),
+}
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Downloads go to a proxy on a closed local port: they fail at once, with or without a
+    network, and nothing is downloaded."""
+    for var in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    urllib.request.install_opener(urllib.request.build_opener())  # reads the proxies now
+    yield
+    urllib.request.install_opener(None)
+
+
+@pytest.mark.parametrize("name", MISSING)
+def test_missing_keras_file_is_one_line_naming_file_and_place(make_cfg, tmp_path, name,
+                                                               no_network):
+    relative, origin = MISSING[name]
+    d = dataset(make_cfg, name, f"dataset.cache_dir={tmp_path}")
+    started = time.perf_counter()
+    with pytest.raises(ConfigError) as error:
+        data.load(d)
+    assert time.perf_counter() - started < 5
+    message = str(error.value)
+    target = tmp_path / relative
+    assert "\n" not in message
+    assert message.startswith(f"dataset={name}: no {target.name} in {target.parent}, and "
+                              f"downloading it from {origin} failed (")
+    assert message.endswith(f"); save that file as {target}, or set dataset.cache_dir to a "
+                            "directory that has it")
+    assert not target.exists()
+
+
+def test_default_cache_dir_is_keras_own(make_cfg):
+    from keras.src.backend.config import keras_home
+
+    d = dataset(make_cfg, "mnist")
+    assert d.cache_dir is None
+    assert data.cache_dir(d) == Path(keras_home()).expanduser() / "datasets"

@@ -1,0 +1,208 @@
+"""Every model on every dataset it can take (short real runs), the one-line refusal otherwise, and
+the clip layer inside the recurrence of an RNN, checked against a loop unrolled by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gradexp import config, models
+from gradexp._tf import tf
+from gradexp.layers import STATS, clip_gradient
+from gradexp.train import metric_names, train
+
+TINY_MODELS = {
+    "mlp": ["model.depth=2", "model.width=8"],
+    "cnn": ["model.filters=4", "model.width=8"],
+    "rnn": ["model.cell=lstm", "model.units=8", "model.layers=2"],
+    "transformer": ["model.blocks=1", "model.width=8", "model.mlp_width=8"],
+}
+SMALL_DATASETS = {
+    "synthetic": ["dataset.num_examples=160"],  # classification, vectors (32,)
+    "teacher": ["dataset.num_examples=160"],  # regression, vectors (32,)
+    "adding": ["dataset.num_examples=160", "dataset.length=12"],  # regression, sequences (12, 2)
+    "digits": [],  # classification, images (8, 8, 1)
+}
+FEW_STEPS = ["trainer.steps=4", "trainer.log_every=2", "trainer.eval_every=4",
+             "trainer.histogram_every=0", "trainer.batch_size=16", "clip=0.1"]
+REGRESSION = {"teacher", "adding"}
+TAKES = {"mlp": {"synthetic", "teacher", "adding", "digits"}, "cnn": {"digits"},
+         "rnn": {"adding", "digits"}, "transformer": {"adding", "digits"}}
+NEEDS = {"cnn": "image inputs (H, W, C)",
+         "rnn": "sequence inputs (T, F) or images (H, W, C), read row by row",
+         "transformer": "sequence inputs (T, F) or images (H, W, C), read row by row"}
+SHAPES = {"synthetic": "vectors (32,)", "teacher": "vectors (32,)", "adding": "sequences (12, 2)"}
+
+
+def short_run(make_cfg, run_dir, model, dataset, *overrides):
+    cfg = make_cfg(f"model={model}", f"dataset={dataset}", *TINY_MODELS[model],
+                   *SMALL_DATASETS[dataset], *FEW_STEPS, *overrides)
+    config.validate(cfg)
+    summary = train(cfg, run_dir)
+    return summary, pd.read_csv(run_dir / "metrics.csv")
+
+
+def assert_trained(summary, table, dataset, positions):
+    assert summary["status"] == "completed"
+    assert list(table.columns) == ["step", *metric_names(positions), "loss/val", "accuracy/val"]
+    assert len(table) == 4 and np.isfinite(table["loss/train"]).all()
+    assert np.isfinite(table["loss/val"].iloc[-1])
+    if dataset in REGRESSION:  # squared error; no accuracy
+        assert table["accuracy/val"].isna().all() and np.isnan(summary["val_accuracy"])
+    else:
+        assert 0 <= table["accuracy/val"].iloc[-1] <= 1
+
+
+@pytest.mark.parametrize("dataset", SMALL_DATASETS)
+@pytest.mark.parametrize("model", TINY_MODELS)
+def test_model_trains_with_a_clip_at_every_position_or_is_refused(make_cfg, tmp_path, model,
+                                                                  dataset):
+    if dataset not in TAKES[model]:
+        cfg = make_cfg(f"model={model}", f"dataset={dataset}", *SMALL_DATASETS[dataset])
+        expected = f"model={model}: needs {NEEDS[model]}; dataset={dataset} gives {SHAPES[dataset]}"
+        with pytest.raises(config.ConfigError) as early:  # from the config, before TensorFlow
+            config.validate(cfg)
+        assert str(early.value) == expected
+        with pytest.raises(config.ConfigError) as late:  # from the arrays' actual shape
+            train(cfg, tmp_path)
+        assert str(late.value) == expected
+        return
+    summary, table = short_run(make_cfg, tmp_path, model, dataset, "layer.positions=all")
+    positions = config.positions(make_cfg(f"model={model}", *TINY_MODELS[model]))
+    assert_trained(summary, table, dataset, positions)
+
+
+ONE_POSITION = {"mlp": ("teacher", "dense_2"), "cnn": ("digits", "conv_2"),
+                "rnn": ("adding", "rnn_2_state"), "transformer": ("adding", "attn_1")}
+
+
+@pytest.mark.parametrize("model", ONE_POSITION)
+def test_model_trains_with_a_clip_at_one_named_position(make_cfg, tmp_path, model):
+    dataset, position = ONE_POSITION[model]
+    summary, table = short_run(make_cfg, tmp_path, model, dataset,
+                               f"layer.positions=[{position}]", "clip=0.001")
+    assert_trained(summary, table, dataset, [position])
+    assert (table[f"clip_fraction/{position}"] > 0).all()  # a tight bound bites at once
+    pre, post = table[f"grad_norm/{position}/pre"], table[f"grad_norm/{position}/post"]
+    assert (post < pre).all()
+
+
+def test_positions_are_named_in_model_order(make_cfg):
+    def names(*overrides):
+        return config.positions(make_cfg(*overrides))
+
+    assert names("model=cnn", "model.blocks=3") == ["conv_1", "conv_2", "conv_3", "dense_1"]
+    assert names("model=rnn", "model.layers=2") == ["rnn_1_state", "rnn_1", "rnn_2_state", "rnn_2"]
+    assert names("model=transformer") == ["embed", "attn_1", "mlp_1", "attn_2", "mlp_2"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["model=rnn", "model.cell=elman"], "model.cell=elman: must be one of simple, lstm, gru"),
+    (["model=transformer", "model.width=10", "model.heads=4"],
+     "model.width=10: must be a multiple of heads (4)"),
+    (["model=transformer", "model.norm=sandwich"], "model.norm=sandwich: must be one of pre, post"),
+    (["model=cnn", "dataset=digits", "layer.positions=[conv_3]"],
+     "layer.positions=conv_3: no such position in model=cnn; allowed: all, or a list of "
+     "conv_1, conv_2, dense_1"),
+    (["dataset=adding", "dataset.length=1"], "dataset.length=1: must be an integer >= 2"),
+])
+def test_bad_model_and_dataset_values_are_one_line(make_cfg, overrides, message):
+    with pytest.raises(config.ConfigError, match="^" + message.replace("(", r"\(")
+                       .replace(")", r"\)") + "$"):
+        config.validate(make_cfg(*overrides))
+
+
+# ------------------------------------------------------------------ clip inside the recurrence
+BATCH, STEPS, FEATURES, UNITS, BOUND = 3, 6, 2, 4, 0.01
+
+
+def two_layer_rnn(make_cfg, cell, position):
+    """rnn_1 (whose outputs at every step feed rnn_2), rnn_2, head; a clip at `position`."""
+    cfg = make_cfg("model=rnn", f"model.cell={cell}", f"model.units={UNITS}", "model.layers=2",
+                   "dataset=adding", f"dataset.length={STEPS}", f"clip={BOUND}",
+                   f"layer.positions=[{position}]")
+    return models.build(cfg, (STEPS, FEATURES), 1)
+
+
+def by_hand(model, x, where: str | None):
+    """d loss / d x and the clip statistics, with rnn_1's recurrence as a Python loop over time:
+    where="state": h_t = clip(cell(x_t, state_{t-1}).h) at every step; where="output": the
+    sequence of h_t is clipped after the loop (what position rnn_1 does); None: no clip."""
+    cell = model.get_layer("rnn_1").cell
+    cell = getattr(cell, "cell", cell)  # the Keras cell inside gradexp's wrapper
+    stats = tf.zeros([len(STATS)])
+    with tf.GradientTape() as tape:
+        tape.watch([x, stats])
+        states, outputs = cell.get_initial_state(BATCH), []
+        for t in range(STEPS):
+            h, states = cell(x[:, t], states)
+            if where == "state":
+                h = clip_gradient(h, -BOUND, BOUND, 1.0, 1.0, stats)
+            states = [h, *states[1:]]
+            outputs.append(h)
+        sequence = tf.stack(outputs, axis=1)
+        if where == "output":
+            sequence = clip_gradient(sequence, -BOUND, BOUND, 1.0, 1.0, stats)
+        prediction = model.get_layer("head")(model.get_layer("rnn_2")(sequence))
+        loss = tf.reduce_sum(prediction * 10.0)
+    return tape.gradient(loss, [x, stats])
+
+
+def through_gradexp(model, x):
+    """d loss / d x and the statistics of the model's one clip layer, in a tf.function as in
+    training (Keras then runs the recurrence in a tf.while_loop)."""
+    (clip,) = models.clip_layers(model)
+    probe = clip.gradient_stats.value
+
+    @tf.function
+    def gradients():
+        with tf.GradientTape() as tape:
+            tape.watch([x, probe])
+            loss = tf.reduce_sum(model(x) * 10.0)
+        return tape.gradient(loss, [x, probe])
+
+    return gradients()
+
+
+def sequences(seed):
+    return tf.constant(np.random.default_rng(seed).normal(size=(BATCH, STEPS, FEATURES)),
+                       tf.float32)
+
+
+@pytest.mark.parametrize("cell", ["simple", "lstm", "gru"])
+def test_state_clip_acts_at_every_time_step(make_cfg, cell):
+    model, x = two_layer_rnn(make_cfg, cell, "rnn_1_state"), sequences(0)
+    assert [c.name for c in models.clip_layers(model)] == ["clip_rnn_1_state"]
+    dx, stats = through_gradexp(model, x)
+    dx_by_hand, stats_by_hand = by_hand(model, x, "state")
+    np.testing.assert_allclose(dx, dx_by_hand, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(stats, stats_by_hand, rtol=1e-5)
+    stats = dict(zip(STATS, stats.numpy(), strict=True))
+    assert stats["count"] == BATCH * STEPS * UNITS  # the statistics add up over the time steps
+    assert stats["clipped"] > BATCH * UNITS  # it bites at more than one step
+    # not the same as clipping the layer's outputs only, nor as no clip at all
+    dx_output_only, _ = by_hand(model, x, "output")
+    dx_unclipped, _ = by_hand(model, x, None)
+    assert np.abs(dx - dx_output_only).max() > 0.05 * np.abs(dx_output_only).max()
+    assert np.abs(dx - dx_unclipped).max() > 0.05 * np.abs(dx_unclipped).max()
+
+
+def test_output_clip_is_the_output_sequence_only(make_cfg):
+    model, x = two_layer_rnn(make_cfg, "simple", "rnn_1"), sequences(1)
+    dx, stats = through_gradexp(model, x)
+    dx_by_hand, stats_by_hand = by_hand(model, x, "output")
+    np.testing.assert_allclose(dx, dx_by_hand, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(stats, stats_by_hand, rtol=1e-5)
+
+
+def test_rnn_with_state_clip_survives_save_and_load(make_cfg, tmp_path):
+    from gradexp._tf import keras
+
+    model = two_layer_rnn(make_cfg, "gru", "rnn_1_state")
+    model.save(tmp_path / "rnn.keras")
+    reloaded = keras.models.load_model(tmp_path / "rnn.keras")
+    x = sequences(2)
+    np.testing.assert_allclose(model(x).numpy(), reloaded(x).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(through_gradexp(model, x)[0].numpy(),
+                               through_gradexp(reloaded, x)[0].numpy(), rtol=1e-6)
