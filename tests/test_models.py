@@ -138,12 +138,12 @@ def by_hand(model, x, where: str | None):
         for t in range(STEPS):
             h, states = cell(x[:, t], states)
             if where == "state":
-                h = clip_gradient(h, -BOUND, BOUND, 1.0, 1.0, stats)
+                h = clip_gradient(h, -BOUND, BOUND, 1.0, 1.0, stats=stats)
             states = [h, *states[1:]]
             outputs.append(h)
         sequence = tf.stack(outputs, axis=1)
         if where == "output":
-            sequence = clip_gradient(sequence, -BOUND, BOUND, 1.0, 1.0, stats)
+            sequence = clip_gradient(sequence, -BOUND, BOUND, 1.0, 1.0, stats=stats)
         prediction = model.get_layer("head")(model.get_layer("rnn_2")(sequence))
         loss = tf.reduce_sum(prediction * 10.0)
     return tape.gradient(loss, [x, stats])
