@@ -153,3 +153,17 @@ def test_tensorboard_serves_the_sweep(basic_sweep):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_sweep_over_parameter_clipping_methods_runs_and_summarizes(tmp_path):
+    methods = ["none", "global_norm", "agc", "autoclip", "zclip"]
+    sweep_dir, result = sweep(tmp_path, f"clipping={','.join(methods)}")
+    assert result.returncode == 0, result.stderr
+    assert {s["config"]["clipping"]["name"] for s in runs(sweep_dir).values()} == set(methods)
+    summarized = gradexp("gradexp.summarize", str(sweep_dir), cwd=tmp_path)
+    assert summarized.returncode == 0, summarized.stderr
+    assert "Baseline clipping=none" in summarized.stdout  # the default when clip is not swept
+    tidy = pd.read_csv(sweep_dir / "summary.csv", keep_default_na=False, na_values=[""])
+    final = tidy[tidy["metric"] == "final_loss"].set_index("clipping")
+    assert sorted(final.index) == sorted(methods)
+    assert (final.drop(index="none")["baseline"] == "clipping=none").all()

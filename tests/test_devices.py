@@ -1,0 +1,104 @@
+"""Precision, XLA and distribution: mixed precision trains with finite norms; a mirrored
+strategy on two logical CPUs follows the one-device loss curve; parameter clipping in the
+trainer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import CONF, QUICK, REPO
+from gradexp.train import train
+
+SHORT = [*QUICK, "trainer.steps=20", "trainer.eval_every=20", "trainer.histogram_every=0"]
+
+
+@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_trains_and_logs_finite_norms(make_cfg, tmp_path, precision):
+    summary = train(make_cfg(*SHORT, f"precision={precision}", "clip=0.1"), tmp_path)
+    assert summary["status"] == "completed"
+    table = pd.read_csv(tmp_path / "metrics.csv")
+    norms = table.filter(regex=r"^grad_norm/dense_\d/(pre|post)$")
+    assert norms.shape[1] == 6 and np.isfinite(norms.to_numpy()).all()
+    assert (norms.filter(like="post").to_numpy() <= norms.filter(like="pre").to_numpy()).all()
+    assert table["loss/train"].iloc[-1] < table["loss/train"].iloc[0]
+    if precision == "mixed_float16":  # dynamic loss scaling: the scale is logged, skips too
+        assert table["loss_scale"].iloc[0] == 2.0**15
+        kept = table[table["skipped"] == 0]
+        assert len(kept) > 0 and np.isfinite(kept["grad_norm/global"]).all()
+    else:
+        assert "loss_scale" not in table
+
+
+def test_xla_compiled_step_matches_the_plain_one(make_cfg, tmp_path):
+    plain, xla = tmp_path / "plain", tmp_path / "xla"
+    for run_dir, jit in ((plain, "false"), (xla, "true")):
+        run_dir.mkdir()
+        train(make_cfg(*SHORT, "clip=0.1", "clipping=zclip", f"trainer.jit_compile={jit}"),
+              run_dir)
+    a, b = (pd.read_csv(d / "metrics.csv") for d in (plain, xla))
+    np.testing.assert_allclose(a["loss/train"], b["loss/train"], rtol=1e-4)
+    np.testing.assert_allclose(a["grad_norm/dense_3/post"], b["grad_norm/dense_3/post"], rtol=1e-3)
+
+
+def test_parameter_clipping_in_the_step(make_cfg, tmp_path):
+    train(make_cfg(*SHORT, "clipping=global_norm", "clipping.max_norm=5"), tmp_path)
+    table = pd.read_csv(tmp_path / "metrics.csv")
+    assert (table["param_clip/threshold"] == 5).all()
+    before, after = table["grad_norm/global"], table["grad_norm/global/post"]
+    clipped = before > 5
+    assert clipped.any() and (table["param_clip/clipped"] == clipped).all()
+    np.testing.assert_allclose(after[clipped], 5, rtol=1e-5)
+    np.testing.assert_array_equal(after[~clipped], before[~clipped])
+
+
+MIRRORED = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from gradexp._tf import tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from hydra import compose, initialize_config_dir
+    from gradexp.train import train
+    overrides, out = json.loads(sys.argv[1]), Path(sys.argv[2])
+    with initialize_config_dir(sys.argv[3], version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    print(train(cfg, out)["device"], tf.distribute.MirroredStrategy(
+        [d.name for d in tf.config.list_logical_devices("CPU")]).num_replicas_in_sync)
+""")
+
+
+CLIPPED = ["clip=0.1", "clipping=global_norm", "clipping.max_norm=5"]
+
+
+@pytest.mark.parametrize("clipping", [[], CLIPPED], ids=["unclipped", "clipped"])
+def test_mirrored_strategy_follows_the_one_device_curve(tmp_path, clipping):
+    """Two logical CPU devices, each half of the same global batch: the same losses, and the
+    parameter clip acting on the summed gradient (Keras would clip each replica's half)."""
+    import json
+
+    tables = {}
+    for strategy in ("none", "mirrored"):
+        out = tmp_path / strategy
+        out.mkdir()
+        overrides = [*SHORT, "trainer.steps=30", f"strategy={strategy}", *clipping]
+        result = subprocess.run(
+            [sys.executable, "-c", MIRRORED, json.dumps(overrides), str(out), str(CONF)],
+            cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["cpu", "2"]
+        tables[strategy] = pd.read_csv(out / "metrics.csv")
+    one, two = tables["none"], tables["mirrored"]
+    np.testing.assert_allclose(two["loss/train"], one["loss/train"], rtol=1e-5)
+    np.testing.assert_allclose(two["grad_norm/global"], one["grad_norm/global"], rtol=1e-4)
+    for column in one.filter(regex="^(grad_norm|clip_fraction)/dense").columns:
+        np.testing.assert_allclose(two[column], one[column], rtol=1e-4, atol=1e-6)
+    if clipping:
+        assert (one["param_clip/clipped"] == 1).any()
+        np.testing.assert_allclose(two["grad_norm/global/post"], one["grad_norm/global/post"],
+                                   rtol=1e-4)
