@@ -8,6 +8,7 @@ and pass on every line but those known notes, so real import errors still show.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -48,3 +49,6 @@ def _import_quietly():
 
 
 tf, keras = _import_quietly()
+# TensorFlow's Python side logs INFO notes (e.g. at every checkpoint save) through the
+# "tensorflow" logger, which Hydra's INFO root would print: keep its warnings only.
+logging.getLogger("tensorflow").setLevel(logging.WARNING)

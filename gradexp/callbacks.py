@@ -20,9 +20,9 @@ from typing import Any
 
 from hydra import compose
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict, read_write
 
-from gradexp.config import check_device, explain, sweep_jobs, validate
+from gradexp.config import ConfigError, check_device, check_resumable, explain, sweep_jobs, validate
 
 FAILED_RUNS: list[str] = []  # set at the end of a sweep; the entry point's exit status reads it
 
@@ -40,7 +40,16 @@ def _exit_if_invalid(check) -> Any:
 
 class Checks(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _exit_if_invalid(lambda: (validate(config), check_device(config.device)))
+        def check():
+            validate(config)
+            check_device(config.device)
+            if config.resume:
+                others = [o for o in config.hydra.overrides.task if not o.startswith("resume=")]
+                check_resumable(config, others)
+
+        _exit_if_invalid(check)
+        if not config.resume:
+            _never_reuse(config.hydra.run, "dir")
 
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None,
                           **kwargs: Any) -> None:
@@ -48,14 +57,30 @@ class Checks(Callback):
             jobs = [compose(config_name=config_name, overrides=o) for o in sweep_jobs(config)]
             for job in jobs:
                 validate(job)
+                if job.resume:
+                    raise ConfigError(f"resume={job.resume}: continues one run, not a sweep (-m)")
             for device in {job.device for job in jobs}:
                 check_device(device)
             return jobs
 
         jobs = _exit_if_invalid(check_all_jobs)
+        _never_reuse(config.hydra.sweep, "dir")
         from gradexp.logs import write_hparams_config
 
         write_hparams_config(Path(config.hydra.sweep.dir), jobs)
+
+
+def _never_reuse(node: DictConfig, key: str) -> None:
+    """Two runs started in the same second would share outputs/<date>/<time>/ and the second
+    would overwrite the first: give the second its own directory (<time>_1, _2, ...)."""
+    path = Path(node[key])
+    if not path.exists():
+        return
+    k = 1
+    while Path(f"{path}_{k}").exists():
+        k += 1
+    with open_dict(node), read_write(node):
+        node[key] = f"{path}_{k}"
 
 
 class SweepRecord(Callback):

@@ -9,8 +9,11 @@ are registered in its ConfigStore); values, choices and combinations by `validat
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import Any, ClassVar
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -23,6 +26,7 @@ from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 DEVICES = ("auto", "cpu", "gpu")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 STRATEGIES = ("none", "mirrored")
+ON_DIVERGENCE = ("stop", "continue")
 ACTIVATIONS = ("relu", "tanh", "sigmoid", "gelu", "elu", "selu", "silu", "softplus", "linear")
 INITIALIZERS = (
     "glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "lecun_uniform",
@@ -493,6 +497,8 @@ class TrainerConfig:
     loss_reduction: str = MISSING  # sum: dy is in per-example units whatever the batch size
     divergence_factor: float = MISSING  # loss above this × the first loss: diverged
     jit_compile: bool = MISSING  # XLA-compile the step
+    checkpoint_every: int = MISSING  # 0: only when the run stops
+    on_divergence: str = MISSING  # stop | continue (skipping non-finite updates)
 
     def check(self) -> None:
         at_least(self, 1, "steps", "batch_size", "log_every", "eval_every")
@@ -501,6 +507,9 @@ class TrainerConfig:
         one_of("loss_reduction", self.loss_reduction, LOSS_REDUCTIONS)
         need(self.divergence_factor > 1, "divergence_factor", self.divergence_factor,
              "must be a number > 1")
+        need(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every,
+             "must be an integer >= 0 (0: only when the run stops)")
+        one_of("on_divergence", self.on_divergence, ON_DIVERGENCE)
 
 
 @dataclass
@@ -516,6 +525,8 @@ class Config:
     device: str = MISSING
     precision: str = MISSING
     strategy: str = MISSING
+    deterministic: bool = MISSING
+    resume: str | None = MISSING
 
 
 SCHEMAS = {
@@ -539,6 +550,40 @@ def register() -> None:
 
 
 register()
+
+
+def _run_dir(resume: str | None, new_dir: str) -> str:
+    return resume or new_dir
+
+
+def _hydra_subdir(resume: str | None) -> str:
+    """A resumed run keeps its .hydra/ files; the resuming command's go beside them."""
+    return ".hydra" if not resume else f".hydra/resumed-{datetime.now():%Y-%m-%d_%H-%M-%S}"
+
+
+OmegaConf.register_new_resolver("gradexp.run_dir", _run_dir, replace=True)
+OmegaConf.register_new_resolver("gradexp.hydra_subdir", _hydra_subdir, replace=True)
+
+
+def check_resumable(cfg: DictConfig, other_overrides: list[str]) -> None:
+    """resume=<dir> needs a run that stopped before its end, with a checkpoint, and no other
+    settings: the run goes on with its own config."""
+    run_dir = Path(cfg.resume)
+    summary = run_dir / "summary.json"
+    if not (run_dir / ".hydra" / "overrides.yaml").is_file():
+        raise ConfigError(f"resume={cfg.resume}: not a gradexp run directory (no .hydra/)")
+    try:
+        status = json.loads(summary.read_text())["status"]
+    except (OSError, ValueError, KeyError):
+        status = "unknown"
+    if status not in ("interrupted", "running"):
+        raise ConfigError(f"resume={cfg.resume}: the run is {status}; only an interrupted or "
+                          "killed run can be resumed")
+    if not (run_dir / "checkpoints" / "checkpoint").is_file():
+        raise ConfigError(f"resume={cfg.resume}: no checkpoint in {run_dir / 'checkpoints'}")
+    if other_overrides:
+        raise ConfigError(f"resume={cfg.resume}: the run goes on with its own config; drop "
+                          f"{' '.join(other_overrides)}")
 
 
 # ------------------------------------------------------------------------------ validation
@@ -576,6 +621,9 @@ def validate(cfg: DictConfig) -> None:
     one_of("device", cfg.device, DEVICES)
     one_of("precision", cfg.precision, PRECISIONS)
     one_of("strategy", cfg.strategy, STRATEGIES)
+    if cfg.strategy == "mirrored" and cfg.trainer.on_divergence == "continue":
+        raise ConfigError("trainer.on_divergence=continue, strategy=mirrored: skipping "
+                          "non-finite updates works on one device only; use one of them")
     for group in CHECKED:
         try:
             OmegaConf.to_object(cfg[group]).check()

@@ -203,15 +203,31 @@ def load(d: DictConfig) -> Arrays:
     return Arrays(x[train], y[train], x[val], y[val], num_classes)
 
 
-def pipelines(a: Arrays, batch_size: int, seed: int) -> tuple[tf.data.Dataset, tf.data.Dataset]:
-    """Endless shuffled training batches (order from `seed`) and one pass of validation batches."""
-    if batch_size > len(a.x_train):
+def pipelines(a: Arrays, batch_size: int, seed: int,
+              start_step: int = 0) -> tuple[tf.data.Dataset, tf.data.Dataset]:
+    """Endless training batches and one pass of validation batches.
+
+    Training order: epoch e is the permutation argsort(stateless_uniform(n, seed=[seed, e])) of
+    the n training examples; batches of `batch_size` run across epoch boundaries. The order is
+    a function of (seed, position) alone, so a resumed run starts at the batch of `start_step`
+    directly — no iterator state to save, and the same batches as an uninterrupted run.
+    """
+    n = len(a.x_train)
+    if batch_size > n:
         raise ConfigError(f"trainer.batch_size={batch_size}: larger than the "
-                         f"{len(a.x_train)} training examples")
-    train = (tf.data.Dataset.from_tensor_slices((a.x_train, a.y_train))
-             .shuffle(len(a.x_train), seed=seed, reshuffle_each_iteration=True)
-             .repeat()
+                         f"{n} training examples")
+    x_train, y_train = tf.constant(a.x_train), tf.constant(a.y_train)
+    first_example = start_step * batch_size
+
+    def epoch_order(epoch):
+        noise = tf.random.stateless_uniform([n], seed=tf.stack([tf.cast(seed, tf.int64), epoch]))
+        return tf.data.Dataset.from_tensor_slices(tf.argsort(noise))
+
+    train = (tf.data.Dataset.range(first_example // n, 2**62)
+             .flat_map(epoch_order)
+             .skip(first_example % n)
              .batch(batch_size, drop_remainder=True)
+             .map(lambda i: (tf.gather(x_train, i), tf.gather(y_train, i)))
              .prefetch(tf.data.AUTOTUNE))
     val = (tf.data.Dataset.from_tensor_slices((a.x_val, a.y_val))
            .batch(batch_size)

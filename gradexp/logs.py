@@ -117,24 +117,63 @@ def write_hparams_config(sweep_dir: Path, configs: list[DictConfig]) -> None:
     writer.close()
 
 
+def keep_rows(path: Path, header: list[str], last_step: int) -> list[list[str]]:
+    """Cut a resumed run's table back to the rows of steps 1..last_step (a run killed after its
+    last checkpoint wrote rows the resumed run will write again); return them. The header must
+    be the one the resumed run writes."""
+    if last_step == 0:
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows or rows[0] != header:
+        raise ValueError(f"{path}: its columns are not this run's; cannot resume into it")
+    kept = [r for r in rows[1:] if len(r) == len(header) and int(r[0]) <= last_step]
+    if len(kept) != last_step:
+        raise ValueError(f"{path}: has {len(kept)} of the {last_step} steps before the "
+                         "checkpoint; cannot resume into it")
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        csv.writer(f).writerows([header, *kept])
+    os.replace(tmp, path)
+    return kept
+
+
+def purge_after(run_dir: Path, step: int) -> None:
+    """A SessionLog START at step+1: TensorBoard's loader then drops the points of later steps
+    that an earlier writer of this run left (they are written again after a resume)."""
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    writer = EventFileWriter(str(run_dir), filename_suffix=".resume")
+    writer.add_event(Event(step=step + 1, session_log=SessionLog(status=SessionLog.START)))
+    writer.close()
+
+
 class RunLog:
     """The writers of one run directory. `names` are the per-step measurements, in row order."""
 
-    def __init__(self, run_dir: Path, names: list[str], cfg: DictConfig):
+    def __init__(self, run_dir: Path, names: list[str], cfg: DictConfig, start_step: int = 0):
+        """A new run (start_step 0), or one resumed after `start_step`: its table keeps the
+        rows up to that step and grows from there; TensorBoard is told to drop later points."""
         from tensorboard.plugins.hparams import api as hp
 
         from gradexp._tf import tf
 
         self.run_dir, self.names, self.tf = run_dir, list(names), tf
-        self.writer = tf.summary.create_file_writer(str(run_dir))
-        self._table_file = open(run_dir / "metrics.csv", "w", newline="")
+        header = ["step", *self.names, *VAL_COLUMNS]
+        self.past_rows = keep_rows(run_dir / "metrics.csv", header, start_step)
+        self._table_file = open(run_dir / "metrics.csv", "a" if start_step else "w", newline="")
         self.table = csv.writer(self._table_file)
-        self.table.writerow(["step", *self.names, *VAL_COLUMNS])
+        self.writer = tf.summary.create_file_writer(str(run_dir))
+        self._write_scalars = tf.function(self._scalars)
+        if start_step:
+            purge_after(run_dir, start_step)
+            return
+        self.table.writerow(header)
         with self.writer.as_default():
             hp.hparams(hparams(cfg))
             tf.summary.experimental.write_raw_pb(
                 custom_scalars_layout(self.names).SerializeToString(), step=0)
-        self._write_scalars = tf.function(self._scalars)
 
     def _scalars(self, steps, rows):
         # tf.summary.write, not tf.summary.scalar: the loop's name scope would prefix the tags.

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 import hydra
 import numpy as np
+from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -33,17 +35,27 @@ def run(cfg: DictConfig) -> dict:
     summary.json; a sweep then goes on to its next run, a single run exits non-zero."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    overrides = list(hydra_cfg.overrides.task)
+    overrides, resume = list(hydra_cfg.overrides.task), bool(cfg.resume)
+    if resume:  # the run goes on with its own config, composed as it was
+        overrides = list(OmegaConf.load(run_dir / ".hydra" / "overrides.yaml"))
+        cfg = compose(config_name="config", overrides=overrides)
     try:
-        return train(cfg, run_dir, overrides)
+        summary = train(cfg, run_dir, overrides, resume=resume)
     except Exception as exc:
         write_json(run_dir / "summary.json", {
             "status": "failed", "error": f"{type(exc).__name__}: {exc}",
             "config": OmegaConf.to_container(cfg), "overrides": overrides})
-        if hydra_cfg.mode != RunMode.MULTIRUN:
+        message = config.explain(exc)  # bad input found late, e.g. a dataset file missing
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            log.error("run failed: %s (%s)", message or repr(exc), run_dir)
+            return {"status": "failed"}
+        if message is None:
             raise
-        log.error("run failed: %s (%s)", config.explain(exc) or repr(exc), run_dir)
-        return {"status": "failed"}
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if summary["status"] == "interrupted":  # asked to stop: so does a sweep, after this run
+        raise SystemExit(128 + signal.Signals[summary["stopped_by"]])
+    return summary
 
 
 def main() -> None:
@@ -62,10 +74,12 @@ def main() -> None:
         sys.exit(1)
 
 
-def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
-    """Train as `cfg` says, writing into `run_dir`; return the run's summary."""
+def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: bool = False) -> dict:
+    """Train as `cfg` says, writing into `run_dir` (resume: from its latest checkpoint);
+    return the run's summary."""
     from gradexp import clipping, data, devices, models
     from gradexp._tf import keras, tf
+    from gradexp.checkpoints import RunState, stop_requests
     from gradexp.logs import RunLog
     from gradexp.summarize import diverged
 
@@ -73,6 +87,8 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
     t = cfg.trainer
     write_json(run_dir / "summary.json", {"status": "running", "overrides": list(overrides),
                                           "config": OmegaConf.to_container(cfg)})
+    if cfg.deterministic:
+        tf.config.experimental.enable_op_determinism()
     where = devices.configure(cfg.device)
     keras.backend.clear_session()
     keras.utils.set_random_seed(cfg.seed)
@@ -81,7 +97,6 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
     replicas = strategy.num_replicas_in_sync
 
     arrays = data.load(cfg.dataset)
-    train_batches, val_batches = data.pipelines(arrays, t.batch_size, cfg.seed)
     with strategy.scope():
         model = models.build(cfg, arrays.input_shape, arrays.num_outputs)
         params = model.trainable_variables
@@ -97,6 +112,8 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
     names = metric_names([layer.name.removeprefix("clip_") for layer in layers],
                          loss_scaling=loss_scale is not None)
     per_example_loss = task_loss(arrays.num_classes, keras, tf)
+    stop_at_divergence = t.on_divergence == "stop"
+    skip_non_finite = not stop_at_divergence and loss_scale is None  # the LSO skips by itself
     loss_weight = 1.0 if t.loss_reduction == "sum" else 1.0 / t.batch_size  # global batch
 
     def gradients_of(x, y):
@@ -115,7 +132,13 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
         scale = 1.0 if loss_scale is None else tf.cast(loss_scale, tf.float32)
         clipped, c = clipper([g / scale for g in grads], params)
         # The optimizer sums over replicas again and unscales: hand it scale·g / replicas.
-        optimizer.apply([g * (scale / replicas) for g in clipped], params)
+        update = [g * (scale / replicas) for g in clipped]
+        if skip_non_finite:  # keep going past a divergence, without its non-finite updates
+            tf.cond(tf.math.is_finite(c["norm_before"]),
+                    lambda: [optimizer.apply(update, params), tf.constant(True)][1],
+                    lambda: tf.constant(False))
+        else:
+            optimizer.apply(update, params)
         metrics = {"loss/train": loss_sum / t.batch_size,
                    "grad_norm/global": c["norm_before"], "grad_norm/global/post": c["norm_after"],
                    "param_clip/threshold": c["threshold"], "param_clip/clipped": c["clipped"],
@@ -143,8 +166,8 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
             x, y = next(iterator)
             m = train_step(x, y)
             rows = rows.write(i, tf.stack([m[k] for k in names]))
-            if diverged(m["loss/train"], m["grad_norm/global"], m.get("skipped", 0.0),
-                        isfinite=tf.math.is_finite):
+            if stop_at_divergence and diverged(m["loss/train"], m["grad_norm/global"],
+                                               m.get("skipped", 0.0), isfinite=tf.math.is_finite):
                 break
         return rows.stack()
 
@@ -167,33 +190,44 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
         grads = tape.gradient(loss, params)
         return {f"gradients/{v.path}": g for v, g in zip(params, grads, strict=True)}
 
-    runlog = RunLog(run_dir, names, cfg)
+    state = RunState(run_dir, model, optimizer, clipper.state_variables)
+    step = state.restore() if resume else 0
+    train_batches, val_batches = data.pipelines(arrays, t.batch_size, cfg.seed, start_step=step)
     iterator = iter(strategy.experimental_distribute_dataset(train_batches))
     histogram_batches = iter(train_batches)  # its own stream: the training order stays as is
-    loss_column = names.index("loss/train")
-    losses, val, step, diverged_step = [], None, 0, None
-    timed_steps, timed_seconds = 0, 0.0  # training calls after the first (which traces)
-    log.info("training %s on %s (%d steps, %s) -> %s", cfg.model.name, cfg.dataset.name,
-             t.steps, where, run_dir)
-    while step < t.steps and diverged_step is None:
-        n = min(t.log_every - step % t.log_every, t.eval_every - step % t.eval_every,
-                t.steps - step)
-        tick = time.perf_counter()
-        rows = train_steps(iterator, tf.constant(n)).numpy()
-        seconds = time.perf_counter() - tick
-        if step > 0:
-            timed_steps, timed_seconds = timed_steps + len(rows), timed_seconds + seconds
-        steps = step + 1 + np.arange(len(rows))
-        step += len(rows)
-        losses.extend(rows[:, loss_column])
-        diverged_step = first_diverged_step(steps, rows, names, losses[0], t.divergence_factor)
-        val = None
-        if diverged_step is None and (step % t.eval_every == 0 or step == t.steps):
-            val = {k: float(v) for k, v in evaluate().items()}
-        runlog.steps(steps, rows, val)
-        if t.histogram_every and step % t.histogram_every == 0 and diverged_step is None:
-            runlog.histograms(step, gradients(*next(histogram_batches)))
-        log.info(progress(step, t.steps, rows, names, val, len(rows) / seconds))
+    runlog = RunLog(run_dir, names, cfg, start_step=step)
+    losses = [float(row[1 + names.index("loss/train")]) for row in runlog.past_rows]
+    val, diverged_step, stopped_by = None, None, None
+    calls, timed_steps, timed_seconds = 0, 0, 0.0  # steps/s leaves out the first (tracing) call
+    log.info("%s %s on %s (%d steps, %s) -> %s", f"resuming at step {step}:" if step else
+             "training", cfg.model.name, cfg.dataset.name, t.steps, where, run_dir)
+    with stop_requests() as stop:
+        while step < t.steps and stop.signal is None and (
+                diverged_step is None or t.on_divergence == "continue"):
+            n = steps_to_next_event(step, t)
+            tick = time.perf_counter()
+            rows = train_steps(iterator, tf.constant(n)).numpy()
+            seconds = time.perf_counter() - tick
+            calls += 1
+            if calls > 1:
+                timed_steps, timed_seconds = timed_steps + len(rows), timed_seconds + seconds
+            steps = step + 1 + np.arange(len(rows))
+            step += len(rows)
+            losses.extend(rows[:, names.index("loss/train")])
+            if diverged_step is None:
+                diverged_step = first_diverged_step(steps, rows, names, losses[0],
+                                                    t.divergence_factor)
+            val = None
+            if step % t.eval_every == 0 or step == t.steps:
+                val = {k: float(v) for k, v in evaluate().items()}
+            runlog.steps(steps, rows, val)
+            if t.histogram_every and step % t.histogram_every == 0:
+                runlog.histograms(step, gradients(*next(histogram_batches)))
+            if t.checkpoint_every and step % t.checkpoint_every == 0:
+                state.save(step)
+            log.info(progress(step, t.steps, rows, names, val, len(rows) / seconds))
+        stopped_by = stop.signal
+    state.save(step)
 
     wall = time.perf_counter() - started
     tail = losses[-max(1, len(losses) // 10):]
@@ -201,20 +235,31 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = ()) -> dict:
              "val_loss": val["loss/val"] if val else None,
              "val_accuracy": val["accuracy/val"] if val else None}
     runlog.close(step, final)
-    summary = {"status": "completed" if diverged_step is None else "diverged",
-               "diverged": diverged_step is not None, "diverged_step": diverged_step,
-               "steps": step, "final_loss": final["loss"], "val_loss": final["val_loss"],
-               "val_accuracy": final["val_accuracy"], "wall_time_s": wall,
+    status = ("interrupted" if stopped_by is not None else
+              "diverged" if diverged_step is not None else "completed")
+    summary = {"status": status, "diverged": diverged_step is not None,
+               "diverged_step": diverged_step, "steps": step, "final_loss": final["loss"],
+               "val_loss": final["val_loss"], "val_accuracy": final["val_accuracy"],
+               "wall_time_s": wall,
                "steps_per_s": timed_steps / timed_seconds if timed_seconds else None,
-               "device": where,
-               "config": OmegaConf.to_container(cfg),
+               "device": where, "config": OmegaConf.to_container(cfg),
                "overrides": list(overrides)}
+    if stopped_by is not None:
+        summary["stopped_by"] = signal.Signals(stopped_by).name
     write_json(run_dir / "summary.json", summary)
-    log.info("%s: final loss %.4f, val accuracy %s, %d steps in %.1f s -> %s",
-             summary["status"], final["loss"],
+    log.info("%s: final loss %.4f, val accuracy %s, %d steps in %.1f s -> %s", status,
+             final["loss"],
              "n/a" if final["val_accuracy"] is None else f"{final['val_accuracy']:.4f}",
              step, wall, run_dir)
+    if stopped_by is not None:
+        log.info("resume with: python -m gradexp.train resume=%s", run_dir)
     return summary
+
+
+def steps_to_next_event(step: int, t: DictConfig) -> int:
+    """Steps until the next log, evaluation, histogram, checkpoint or the end (one call)."""
+    every = [t.log_every, t.eval_every, t.histogram_every, t.checkpoint_every]
+    return min([e - step % e for e in every if e] + [t.steps - step])
 
 
 def make_optimizer(o: DictConfig, precision: str, keras):

@@ -23,6 +23,30 @@ BAD = [
     (["+model.extra=1"], "model.extra", "no such key"),
     (["device=tpu"], "device=tpu", "auto, cpu, gpu"),
     (["-m", "clip=0.1,-1"], "clip=-1", "positive number or null"),
+    # unknown options of groups
+    (["optimizer=rmsprop"], "optimizer=rmsprop", "choose one of adam, sgd"),
+    (["+experiment=nosuch"], "experiment=nosuch", "choose one of"),
+    (["hydra/launcher=nosuch"], "hydra/launcher=nosuch", "basic, joblib"),
+    # wrong types
+    (["trainer.batch_size=1.5"], "trainer.batch_size=1.5", "converted to Integer"),
+    (["trainer.jit_compile=maybe"], "trainer.jit_compile=maybe", "not a valid bool"),
+    (["seed=abc"], "seed=abc", "converted to Integer"),
+    (["clip=[1,2]"], "clip=[1,2]", "converted to Float"),
+    (["clip="], "clip=", "converted to Float"),
+    # values and choices
+    (["precision=float64"], "precision=float64", "float32, mixed_float16, mixed_bfloat16"),
+    (["layer.norm_axis=channel"], "layer.norm_axis=channel", "batch, example"),
+    (["layer.max_norm=0"], "layer.max_norm=0.0", "positive number or null"),
+    (["clipping=global_norm", "clipping.max_norm=-1"], "clipping.max_norm=-1.0", "positive"),
+    (["trainer.eval_every=-5"], "trainer.eval_every=-5", ">= 1"),
+    (["trainer.on_divergence=ignore"], "trainer.on_divergence=ignore", "stop, continue"),
+    # contradictory settings
+    (["strategy=mirrored", "trainer.on_divergence=continue"], "trainer.on_divergence=continue",
+     "one device only"),
+    (["model=cnn"], "model=cnn", "needs image inputs"),
+    # resume
+    (["resume=/nonexistent"], "resume=/nonexistent", "not a gradexp run directory"),
+    (["-m", "resume=/x"], "resume=/x", "not a sweep"),
     pytest.param(["device=gpu"], "device=gpu", "device=auto or cpu",
                  marks=pytest.mark.skipif("has_gpu()", reason="a GPU is visible here")),
 ]

@@ -398,3 +398,34 @@ def test_real_sweep_is_summarized_against_the_unclipped_runs(tmp_path):
     assert final.loc["0.1", "diff_mean"] == pytest.approx((by_seed["0.1"] - by_seed["null"]).mean())
     clipped = tidy[tidy["metric"] == "clip_fraction"].set_index("clip")
     assert clipped.loc["0.1", "mean"] > 0 and clipped.loc["null", "mean"] == 0
+
+
+def test_bad_inputs_are_skipped_with_a_reason_never_a_traceback(tmp_path):
+    """The summary's half of the bad-input catalogue: each case is answered by a
+    `skipped <run>: <reason>` line (or summarized, where the data allow it), exit 0."""
+    sweep = tmp_path / "sweep"
+    for seed in range(2):
+        write_run(sweep / f"good_{seed}", ["clip=null", f"seed={seed}"], ending_at(1.0))
+    # a run whose only record is a corrupt event file
+    corrupt = write_run(sweep / "corrupt_events", ["clip=0.1", "seed=0"], ending_at(1.0))
+    (corrupt / "metrics.csv").unlink()
+    (corrupt / "events.out.tfevents.1.host.v2").write_bytes(b"\x00garbage, not a record" * 9)
+    # NaNs in a metrics table: a diverged run, summarized as one
+    write_run(sweep / "nan_loss", ["clip=0.1", "seed=1"], [4.0, 3.0, float("nan"), 2.0])
+    # a table cut off in the middle of a line (and its summary says completed)
+    cut = write_run(sweep / "truncated", ["clip=1", "seed=0"], ending_at(1.0))
+    (cut / "metrics.csv").write_text((cut / "metrics.csv").read_text()[:-7])
+    result = summarize_cli(sweep, cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert "Traceback" not in result.stdout
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("skipped ")]
+    assert any(line.startswith("skipped corrupt_events: ") for line in skipped), skipped
+    assert any(line.startswith("skipped truncated: ") for line in skipped), skipped
+    runs_table = pd.read_csv(sweep / "runs.csv", keep_default_na=False, na_values=[""])
+    nan_run = runs_table[runs_table["run"] == "nan_loss"].iloc[0]
+    assert nan_run["diverged"] == 1 and nan_run["diverged_step"] == 3
+
+    single = sweep / "good_0"  # not a sweep: one run directory is summarized as one group
+    result = summarize_cli(single, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (single / "summary.csv").exists()

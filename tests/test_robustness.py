@@ -1,0 +1,146 @@
+"""Nothing lost: divergence is a result, SIGTERM checkpoints and resume continues exactly,
+SIGKILL loses at most the unflushed steps, determinism, and no run directory is reused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import QUICK, REPO, gradexp
+from gradexp import summarize
+from gradexp.train import train
+
+STEADY = ["trainer.steps=400", "trainer.log_every=20", "trainer.eval_every=100",
+          "trainer.histogram_every=0", "trainer.checkpoint_every=100", "model.width=16",
+          "deterministic=true", "clip=0.1", "clipping=zclip"]
+
+
+def summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_a_diverging_run_stops_at_its_step_and_is_a_result(make_cfg, tmp_path):
+    summary = train(make_cfg(*QUICK, "trainer.steps=200", "optimizer.learning_rate=5"), tmp_path)
+    assert summary["status"] == "diverged" and summary["diverged"] is True
+    step = summary["diverged_step"]
+    table = pd.read_csv(tmp_path / "metrics.csv")
+    assert 1 < step < 200 and table["step"].iloc[-1] < 200  # it stopped early
+    assert summarize.table_divergence_step(table, 1000.0) == step  # one rule, both places
+    assert table["step"].iloc[-1] >= step  # the diverging step is in the table
+
+
+def test_on_divergence_continue_skips_non_finite_updates(make_cfg, tmp_path):
+    cfg = make_cfg(*QUICK, "trainer.steps=60", "optimizer.learning_rate=5",
+                   "trainer.on_divergence=continue")
+    summary = train(cfg, tmp_path)
+    assert summary["status"] == "diverged" and summary["steps"] == 60
+    table = pd.read_csv(tmp_path / "metrics.csv")
+    assert list(table["step"]) == list(range(1, 61))
+
+
+def start(tmp_path: Path, *overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.Popen([sys.executable, "-m", "gradexp.train", *overrides], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_rows(run_parent: Path, rows: int, process: subprocess.Popen) -> Path:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        for table in run_parent.glob("*/*/metrics.csv"):
+            if sum(1 for _ in table.open()) > rows:
+                return table.parent
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    raise AssertionError("the run did not get going")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("whole")
+    result = gradexp("gradexp.train", *STEADY, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = (cwd / "outputs").glob("*/*")
+    return run_dir
+
+
+def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run(tmp_path, uninterrupted):
+    process = start(tmp_path, *STEADY)
+    run_dir = wait_for_rows(tmp_path / "outputs", 150, process)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    stopped = summary_of(run_dir)
+    assert stopped["status"] == "interrupted" and stopped["stopped_by"] == "SIGTERM"
+    step = stopped["steps"]
+    assert 150 <= step < 400 and f"resume with: python -m gradexp.train resume={run_dir}" in out
+    assert len(pd.read_csv(run_dir / "metrics.csv")) == step  # flushed up to the stop
+    assert (run_dir / "checkpoints" / f"step-{step}.index").exists()
+    before = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir() if p.is_file()}
+
+    resumed = gradexp("gradexp.train", f"resume={run_dir}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert summary_of(run_dir)["status"] == "completed"
+    after = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir() if p.is_file()}
+    assert after == before  # the run's own config is kept; the resume's sits beside it
+    whole, pieced = (pd.read_csv(d / "metrics.csv") for d in (uninterrupted, run_dir))
+    pd.testing.assert_frame_equal(pieced, whole)  # every step, exactly
+    assert summary_of(run_dir)["final_loss"] == summary_of(uninterrupted)["final_loss"]
+
+
+def test_sigkill_loses_at_most_the_unflushed_steps_and_summarize_marks_it(tmp_path):
+    process = start(tmp_path, *STEADY, "trainer.steps=100000")
+    run_dir = wait_for_rows(tmp_path / "outputs", 120, process)
+    process.kill()
+    process.communicate(timeout=60)
+    table = pd.read_csv(run_dir / "metrics.csv")
+    assert len(table) >= 120 and list(table["step"]) == list(range(1, len(table) + 1))
+    assert summary_of(run_dir)["status"] == "running"
+    runs, skipped = summarize.load_runs(run_dir.parent)
+    assert skipped == [] and [r.status for r in runs] == ["running"]
+    result = gradexp("gradexp.summarize", str(run_dir.parent), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    tidy = pd.read_csv(run_dir.parent / "summary.csv", keep_default_na=False, na_values=[""])
+    assert (tidy["incomplete"] == 1).all()
+    # a killed run can be resumed from its last checkpoint; the rows after it are redone
+    from omegaconf import OmegaConf
+
+    from gradexp.config import check_resumable
+    from gradexp.logs import keep_rows
+
+    check_resumable(OmegaConf.create({"resume": str(run_dir)}), [])
+    header = list(table.columns)
+    assert len(keep_rows(run_dir / "metrics.csv", header, 100)) == 100
+    assert list(pd.read_csv(run_dir / "metrics.csv")["step"]) == list(range(1, 101))
+
+
+def test_determinism_same_config_same_numbers(uninterrupted, tmp_path):
+    again = gradexp("gradexp.train", *STEADY, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    assert (run_dir / "metrics.csv").read_bytes() == (uninterrupted / "metrics.csv").read_bytes()
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
+    first = start(tmp_path, "--cfg", "job")
+    first.communicate()
+    stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
+    taken = tmp_path / "outputs" / stamp
+    taken.mkdir(parents=True)
+    (taken / "summary.json").write_text('{"status": "completed"}')
+    result = gradexp("gradexp.train", "trainer.steps=1", "model.width=4",
+                     "hydra.run.dir=" + str(taken), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (taken / "summary.json").read_text() == '{"status": "completed"}'  # untouched
+    assert summary_of(Path(f"{taken}_1"))["status"] == "completed"
+    assert np.isfinite(summary_of(Path(f"{taken}_1"))["final_loss"])
