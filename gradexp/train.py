@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import hydra
 import numpy as np
@@ -77,11 +78,10 @@ def main() -> None:
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: bool = False) -> dict:
     """Train as `cfg` says, writing into `run_dir` (resume: from its latest checkpoint);
     return the run's summary."""
-    from gradexp import clipping, data, devices, models
+    from gradexp import data, devices
     from gradexp._tf import keras, tf
     from gradexp.checkpoints import RunState, stop_requests
     from gradexp.logs import RunLog
-    from gradexp.summarize import diverged
 
     started = time.perf_counter()
     t = cfg.trainer
@@ -94,9 +94,94 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     keras.utils.set_random_seed(cfg.seed)
     devices.precision(cfg.precision)
     strategy = devices.strategy(cfg.strategy)
-    replicas = strategy.num_replicas_in_sync
-
     arrays = data.load(cfg.dataset)
+    c = compile_step(cfg, arrays, strategy)
+    names = c.names
+
+    state = RunState(run_dir, c.model, c.optimizer, c.clipper.state_variables)
+    step = state.restore() if resume else 0
+    train_batches, c.val_batches = data.pipelines(arrays, t.batch_size, cfg.seed, start_step=step)
+    iterator = iter(strategy.experimental_distribute_dataset(train_batches))
+    histogram_batches = iter(train_batches)  # its own stream: the training order stays as is
+    runlog = RunLog(run_dir, names, cfg, start_step=step)
+    losses = [float(row[1 + names.index("loss/train")]) for row in runlog.past_rows]
+    val, diverged_step, stopped_by = None, None, None
+    # steps/s: from the end of the first call (which traces and compiles) to the end of the
+    # loop, so that it counts the logging, evaluation and checkpoints of those steps
+    timed_from, first_step = None, step
+    log.info("%s %s on %s (%d steps, %s) -> %s", f"resuming at step {step}:" if step else
+             "training", cfg.model.name, cfg.dataset.name, t.steps, where, run_dir)
+    with stop_requests() as stop:
+        while step < t.steps and stop.signal is None and (
+                diverged_step is None or t.on_divergence == "continue"):
+            n = steps_to_next_event(step, t)
+            tick = time.perf_counter()
+            rows = c.train_steps(iterator, tf.constant(n)).numpy()
+            seconds = time.perf_counter() - tick
+            if timed_from is None:
+                timed_from, first_step = time.perf_counter(), step + len(rows)
+            steps = step + 1 + np.arange(len(rows))
+            step += len(rows)
+            losses.extend(rows[:, names.index("loss/train")])
+            if diverged_step is None:
+                diverged_step = first_diverged_step(steps, rows, names, losses[0],
+                                                    t.divergence_factor)
+            val = None
+            if step % t.eval_every == 0 or step == t.steps:
+                val = {k: float(v) for k, v in c.evaluate().items()}
+            runlog.steps(steps, rows, val)
+            if t.histogram_every and step % t.histogram_every == 0:
+                runlog.histograms(step, c.gradients(*next(histogram_batches)))
+            if t.checkpoint_every and step % t.checkpoint_every == 0:
+                state.save(step)
+            log.info(progress(step, t.steps, rows, names, val, len(rows) / seconds))
+        stopped_by = stop.signal
+    timed = (step - first_step, time.perf_counter() - timed_from) if timed_from else (0, 0.0)
+    state.save(step)
+
+    wall = time.perf_counter() - started
+    tail = losses[-max(1, len(losses) // 10):]
+    final = {"loss": float(np.mean(tail)),
+             "val_loss": val["loss/val"] if val else None,
+             "val_accuracy": val["accuracy/val"] if val else None}
+    runlog.close(step, final)
+    status = ("interrupted" if stopped_by is not None else
+              "diverged" if diverged_step is not None else "completed")
+    summary = {"status": status, "diverged": diverged_step is not None,
+               "diverged_step": diverged_step, "steps": step, "final_loss": final["loss"],
+               "val_loss": final["val_loss"], "val_accuracy": final["val_accuracy"],
+               "wall_time_s": wall,
+               "steps_per_s": timed[0] / timed[1] if timed[0] else None,
+               "device": where, "config": OmegaConf.to_container(cfg),
+               "overrides": list(overrides)}
+    if stopped_by is not None:
+        summary["stopped_by"] = signal.Signals(stopped_by).name
+    write_json(run_dir / "summary.json", summary)
+    log.info("%s: final loss %.4f, val accuracy %s, %d steps in %.1f s -> %s", status,
+             final["loss"],
+             "n/a" if final["val_accuracy"] is None else f"{final['val_accuracy']:.4f}",
+             step, wall, run_dir)
+    if stopped_by is not None:
+        log.info("resume with: python -m gradexp.train resume=%s", run_dir)
+    return summary
+
+
+def steps_to_next_event(step: int, t: DictConfig) -> int:
+    """Steps until the next log, evaluation, histogram, checkpoint or the end (one call)."""
+    every = [t.log_every, t.eval_every, t.histogram_every, t.checkpoint_every]
+    return min([e - step % e for e in every if e] + [t.steps - step])
+
+
+def compile_step(cfg: DictConfig, arrays, strategy) -> SimpleNamespace:
+    """The model, its optimizer and clipper, and the compiled functions a run calls:
+    `train_steps(iterator, n)` (up to n steps, one row of `names` per step), `evaluate()` on
+    `val_batches` (a dataset the caller sets), `gradients(x, y)` (for histograms)."""
+    from gradexp import clipping, models
+    from gradexp._tf import keras, tf
+    from gradexp.summarize import diverged
+
+    t = cfg.trainer
+    replicas = strategy.num_replicas_in_sync
     with strategy.scope():
         model = models.build(cfg, arrays.input_shape, arrays.num_outputs)
         params = model.trainable_variables
@@ -174,7 +259,7 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     @tf.function
     def evaluate():
         loss_sum, correct, count = 0.0, 0.0, 0.0
-        for x, y in val_batches:
+        for x, y in compiled.val_batches:
             outputs = model(x, training=False)
             loss_sum += tf.reduce_sum(per_example_loss(y, outputs))
             if arrays.num_classes is not None:
@@ -190,76 +275,10 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
         grads = tape.gradient(loss, params)
         return {f"gradients/{v.path}": g for v, g in zip(params, grads, strict=True)}
 
-    state = RunState(run_dir, model, optimizer, clipper.state_variables)
-    step = state.restore() if resume else 0
-    train_batches, val_batches = data.pipelines(arrays, t.batch_size, cfg.seed, start_step=step)
-    iterator = iter(strategy.experimental_distribute_dataset(train_batches))
-    histogram_batches = iter(train_batches)  # its own stream: the training order stays as is
-    runlog = RunLog(run_dir, names, cfg, start_step=step)
-    losses = [float(row[1 + names.index("loss/train")]) for row in runlog.past_rows]
-    val, diverged_step, stopped_by = None, None, None
-    calls, timed_steps, timed_seconds = 0, 0, 0.0  # steps/s leaves out the first (tracing) call
-    log.info("%s %s on %s (%d steps, %s) -> %s", f"resuming at step {step}:" if step else
-             "training", cfg.model.name, cfg.dataset.name, t.steps, where, run_dir)
-    with stop_requests() as stop:
-        while step < t.steps and stop.signal is None and (
-                diverged_step is None or t.on_divergence == "continue"):
-            n = steps_to_next_event(step, t)
-            tick = time.perf_counter()
-            rows = train_steps(iterator, tf.constant(n)).numpy()
-            seconds = time.perf_counter() - tick
-            calls += 1
-            if calls > 1:
-                timed_steps, timed_seconds = timed_steps + len(rows), timed_seconds + seconds
-            steps = step + 1 + np.arange(len(rows))
-            step += len(rows)
-            losses.extend(rows[:, names.index("loss/train")])
-            if diverged_step is None:
-                diverged_step = first_diverged_step(steps, rows, names, losses[0],
-                                                    t.divergence_factor)
-            val = None
-            if step % t.eval_every == 0 or step == t.steps:
-                val = {k: float(v) for k, v in evaluate().items()}
-            runlog.steps(steps, rows, val)
-            if t.histogram_every and step % t.histogram_every == 0:
-                runlog.histograms(step, gradients(*next(histogram_batches)))
-            if t.checkpoint_every and step % t.checkpoint_every == 0:
-                state.save(step)
-            log.info(progress(step, t.steps, rows, names, val, len(rows) / seconds))
-        stopped_by = stop.signal
-    state.save(step)
-
-    wall = time.perf_counter() - started
-    tail = losses[-max(1, len(losses) // 10):]
-    final = {"loss": float(np.mean(tail)),
-             "val_loss": val["loss/val"] if val else None,
-             "val_accuracy": val["accuracy/val"] if val else None}
-    runlog.close(step, final)
-    status = ("interrupted" if stopped_by is not None else
-              "diverged" if diverged_step is not None else "completed")
-    summary = {"status": status, "diverged": diverged_step is not None,
-               "diverged_step": diverged_step, "steps": step, "final_loss": final["loss"],
-               "val_loss": final["val_loss"], "val_accuracy": final["val_accuracy"],
-               "wall_time_s": wall,
-               "steps_per_s": timed_steps / timed_seconds if timed_seconds else None,
-               "device": where, "config": OmegaConf.to_container(cfg),
-               "overrides": list(overrides)}
-    if stopped_by is not None:
-        summary["stopped_by"] = signal.Signals(stopped_by).name
-    write_json(run_dir / "summary.json", summary)
-    log.info("%s: final loss %.4f, val accuracy %s, %d steps in %.1f s -> %s", status,
-             final["loss"],
-             "n/a" if final["val_accuracy"] is None else f"{final['val_accuracy']:.4f}",
-             step, wall, run_dir)
-    if stopped_by is not None:
-        log.info("resume with: python -m gradexp.train resume=%s", run_dir)
-    return summary
-
-
-def steps_to_next_event(step: int, t: DictConfig) -> int:
-    """Steps until the next log, evaluation, histogram, checkpoint or the end (one call)."""
-    every = [t.log_every, t.eval_every, t.histogram_every, t.checkpoint_every]
-    return min([e - step % e for e in every if e] + [t.steps - step])
+    compiled = SimpleNamespace(model=model, optimizer=optimizer, clipper=clipper, names=names,
+                               train_steps=train_steps, evaluate=evaluate, gradients=gradients,
+                               val_batches=None)
+    return compiled
 
 
 def make_optimizer(o: DictConfig, precision: str, keras):
