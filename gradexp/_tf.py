@@ -52,3 +52,7 @@ tf, keras = _import_quietly()
 # TensorFlow's Python side logs INFO notes (e.g. at every checkpoint save) through the
 # "tensorflow" logger, which Hydra's INFO root would print: keep its warnings only.
 logging.getLogger("tensorflow").setLevel(logging.WARNING)
+# Each run compiles its own step; in a process that trains many runs (a sweep) TensorFlow
+# takes the new functions for one function retraced and warns: not so here.
+logging.getLogger("tensorflow").addFilter(
+    lambda record: "triggered tf.function retracing" not in record.getMessage())

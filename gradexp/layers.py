@@ -34,27 +34,41 @@ STATS = ("sum_sq_pre", "sum_sq_post", "clipped", "count")
 
 
 def _backward(dy, clip_min, clip_max, max_norm, grad_scale, loss_scale, per_example):
-    """dx and the statistics vector for upstream gradient dy (see the module docstring)."""
-    g = tf.cast(dy, tf.float32) * grad_scale
+    """dx and the statistics vector for upstream gradient dy (see the module docstring).
+
+    Bounds are Python numbers or None; what is not asked for costs no op (the unclipped
+    baseline's backward pass is one multiply at most, and its statistics one sum of squares).
+    """
+    g = tf.cast(dy, tf.float32)
+    if grad_scale != 1.0:
+        g = g * grad_scale
     if loss_scale is not None:
         g = g / loss_scale
-    finite = tf.math.is_finite(g)
-    dx = tf.where(finite, tf.clip_by_value(g, clip_min, clip_max), g)
-    if max_norm is not None:
-        if per_example:
-            axes = list(range(1, len(g.shape))) or None
-            norm = tf.sqrt(tf.reduce_sum(tf.square(dx), axis=axes, keepdims=True))
-        else:
-            norm = tf.norm(dx)
-        factor = tf.where(tf.math.is_finite(norm) & (norm > max_norm),
-                          max_norm / tf.maximum(norm, 1e-30), 1.0)
-        dx = dx * factor
-    stats = tf.stack([
-        tf.reduce_sum(tf.square(g)),
-        tf.reduce_sum(tf.square(dx)),
-        tf.reduce_sum(tf.cast(tf.not_equal(g, dx) & finite, tf.float32)),
-        tf.cast(tf.size(g), tf.float32),
-    ])
+    sum_sq_pre = tf.reduce_sum(tf.square(g))
+    count = tf.cast(tf.size(g), tf.float32)
+    if clip_min is None and clip_max is None and max_norm is None:
+        dx, stats = g, tf.stack([sum_sq_pre, sum_sq_pre, 0.0, count])
+    else:
+        dx, finite = g, tf.math.is_finite(g)
+        if clip_min is not None or clip_max is not None:
+            low = float("-inf") if clip_min is None else clip_min
+            high = float("inf") if clip_max is None else clip_max
+            dx = tf.where(finite, tf.clip_by_value(g, low, high), g)
+        if max_norm is not None:
+            if per_example:
+                axes = list(range(1, len(g.shape))) or None
+                norm = tf.sqrt(tf.reduce_sum(tf.square(dx), axis=axes, keepdims=True))
+            else:
+                norm = tf.norm(dx)
+            factor = tf.where(tf.math.is_finite(norm) & (norm > max_norm),
+                              max_norm / tf.maximum(norm, 1e-30), 1.0)
+            dx = dx * factor
+        stats = tf.stack([
+            sum_sq_pre,
+            tf.reduce_sum(tf.square(dx)),
+            tf.reduce_sum(tf.cast(tf.not_equal(g, dx) & finite, tf.float32)),
+            count,
+        ])
     if loss_scale is not None:
         dx = dx * loss_scale
     return tf.cast(dx, dy.dtype), stats
@@ -73,11 +87,6 @@ def clip_gradient(x, clip_min=None, clip_max=None, scale=1.0, grad_scale=1.0, *,
     x = tf.convert_to_tensor(x)
     if stats is None:
         stats = tf.zeros([len(STATS)], tf.float32)
-    low = tf.constant(float("-inf") if clip_min is None else clip_min, tf.float32)
-    high = tf.constant(float("inf") if clip_max is None else clip_max, tf.float32)
-    norm_bound = None if max_norm is None else tf.constant(max_norm, tf.float32)
-    backward_scale = tf.constant(grad_scale, tf.float32)
-    forward_scale = tf.constant(scale, x.dtype)
 
     # Only tensors cross tf.custom_gradient, positionally (it drops keyword arguments,
     # tensorflow#65839); the loss scale is read inside the backward pass, when it is known.
@@ -86,11 +95,11 @@ def clip_gradient(x, clip_min=None, clip_max=None, scale=1.0, grad_scale=1.0, *,
         def grad(dy):
             s = None if loss_scale is None else tf.cast(tf.convert_to_tensor(loss_scale),
                                                         tf.float32)
-            dx, stats_grad = _backward(dy, low, high, norm_bound, backward_scale, s,
+            dx, stats_grad = _backward(dy, clip_min, clip_max, max_norm, grad_scale, s,
                                        norm_axis == "example")
             return dx, stats_grad
 
-        return forward_scale * x, grad
+        return (x if scale == 1.0 else tf.cast(scale, x.dtype) * x), grad
 
     return op(x, stats)
 

@@ -103,6 +103,9 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     train_batches, c.val_batches = data.pipelines(arrays, t.batch_size, cfg.seed, start_step=step)
     iterator = iter(strategy.experimental_distribute_dataset(train_batches))
     histogram_batches = iter(train_batches)  # its own stream: the training order stays as is
+    c.evaluate.get_concrete_function()  # trace now: steps/s measures the steady state
+    if t.histogram_every:
+        c.gradients.get_concrete_function(*train_batches.element_spec)
     runlog = RunLog(run_dir, names, cfg, start_step=step)
     losses = [float(row[1 + names.index("loss/train")]) for row in runlog.past_rows]
     val, diverged_step, stopped_by = None, None, None
@@ -269,6 +272,7 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> SimpleNamespace:
         accuracy = correct / count if arrays.num_classes is not None else float("nan")
         return {"loss/val": loss_sum / count, "accuracy/val": accuracy}
 
+    @tf.function
     def gradients(x, y):  # for histograms only: the step itself stays lean
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(per_example_loss(y, model(x, training=True))) * loss_weight

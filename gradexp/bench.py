@@ -1,0 +1,356 @@
+"""What gradexp costs over the model's own arithmetic: `python -m gradexp.bench [--quick]`.
+
+Every comparison runs in this one process, side by side: the variants of a measurement take
+turns, `--repeats` times, and the medians are compared, so a busy machine slows all of them
+alike. The last line printed is one JSON object:
+
+    vs_keras_fit          gradexp's steps/s ÷ Keras model.fit's, same model, data, batch and
+                          optimizer (clip layers in both); per model, and on the default MLP
+    vs_bare_loop          gradexp with its default logging ÷ a bare tf.function loop (one
+                          call per step, nothing logged); on the default MLP and a
+                          compute-bound one (width 1024, batch 512)
+    layer_overhead        time per step with clip layers at clip=null ÷ without the layers
+    logging_overhead      time per step with the default logging ÷ the same loop, nothing written
+    summarize_vs_tbparse  tbparse's time to load a 100-run sweep ÷ gradexp.summarize's time to
+                          summarize it (the sweep is written by the bench in gradexp's formats)
+    config_error_s        seconds from launching `python -m gradexp.train clip=-1` to its error
+    checkpoint_cost       time per step with a checkpoint every 100 steps ÷ none
+    determinism_cost      time per step with deterministic=true ÷ without (separate processes:
+                          op determinism is for the whole process)
+    flop_fraction         the compute-bound MLP's FLOP rate ÷ a 2048² tf.matmul's
+
+and the raw steps/s behind each ratio. "gradexp's steps/s" is the run's own figure: steps after
+the first compiled call (which traces) over the wall time to the end of the loop, logging,
+evaluation and checkpoints included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from gradexp.train import CONF_DIR
+
+WORKLOADS = {  # name: overrides of the default config
+    "mlp": [],
+    "mlp_wide": ["model.width=1024", "trainer.batch_size=512"],
+    "cnn": ["model=cnn", "dataset=digits"],
+    "rnn": ["model=rnn", "dataset=adding"],
+    "transformer": ["model=transformer", "dataset=digits"],
+}
+
+
+EXTRA: list[str] = []  # overrides given on the command line, for every configuration
+
+
+def compose_cfg(steps: int, *overrides: str):
+    """The real config, with `steps` steps, one evaluation (at the end), no checkpoints, and
+    no early stop (a run that diverges keeps its speed measurable)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=[
+            f"trainer.steps={steps}", f"trainer.eval_every={steps}",
+            "trainer.checkpoint_every=0", "trainer.on_divergence=continue", *EXTRA,
+            *overrides])
+
+
+# ----------------------------------------------------------------------------- the variants
+def gradexp_steps_per_s(cfg) -> float:
+    """gradexp.train.train as a run does it, with its default logging."""
+    from gradexp.train import train
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        return train(cfg, Path(run_dir))["steps_per_s"]
+
+
+def _setup(cfg):
+    """What train() builds before its loop: seeded model, optimizer, data."""
+    from gradexp import data, devices
+    from gradexp._tf import keras
+
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(cfg.seed)
+    devices.precision(cfg.precision)
+    arrays = data.load(cfg.dataset)
+    train_batches, _ = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed)
+    return arrays, train_batches
+
+
+def unlogged_steps_per_s(cfg) -> float:
+    """gradexp's compiled calls alone: the same steps and measurements, nothing written."""
+    from gradexp import devices
+    from gradexp._tf import tf
+    from gradexp.train import compile_step
+
+    arrays, train_batches = _setup(cfg)
+    strategy = devices.strategy(cfg.strategy)
+    compiled = compile_step(cfg, arrays, strategy)
+    iterator = iter(strategy.experimental_distribute_dataset(train_batches))
+    n = tf.constant(cfg.trainer.log_every)
+    compiled.train_steps(iterator, n).numpy()  # traces
+    calls = max(1, cfg.trainer.steps // cfg.trainer.log_every - 1)
+    start = time.perf_counter()
+    for _ in range(calls):
+        compiled.train_steps(iterator, n).numpy()
+    return calls * cfg.trainer.log_every / (time.perf_counter() - start)
+
+
+def _model_and_loss(cfg, arrays):
+    from gradexp import models
+    from gradexp._tf import keras, tf
+    from gradexp.train import make_optimizer, task_loss
+
+    model = models.build(cfg, arrays.input_shape, arrays.num_outputs)
+    optimizer = make_optimizer(cfg.optimizer, cfg.precision, keras)
+    return model, optimizer, task_loss(arrays.num_classes, keras, tf)
+
+
+def bare_loop_steps_per_s(cfg) -> float:
+    """The textbook custom loop: one tf.function call per step, forward, backward, update."""
+    from gradexp._tf import tf
+
+    arrays, train_batches = _setup(cfg)
+    model, optimizer, per_example_loss = _model_and_loss(cfg, arrays)
+    params = model.trainable_variables
+    optimizer.build(params)
+
+    @tf.function(jit_compile=cfg.trainer.jit_compile)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(per_example_loss(y, model(x, training=True)))
+        optimizer.apply(tape.gradient(loss, params), params)
+        return loss
+
+    iterator = iter(train_batches)
+    for _ in range(3):  # trace and compile
+        step(*next(iterator))
+    steps = cfg.trainer.steps
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = step(*next(iterator))
+    loss.numpy()
+    return steps / (time.perf_counter() - start)
+
+
+def keras_fit_steps_per_s(cfg) -> float:
+    """model.fit as Keras users run it (its own defaults: jit_compile="auto"); epoch 2 timed."""
+    from gradexp._tf import keras, tf
+
+    arrays, train_batches = _setup(cfg)
+    model, optimizer, per_example_loss = _model_and_loss(cfg, arrays)
+    model.compile(optimizer=optimizer,  # the summed loss, as gradexp's default trains
+                  loss=lambda y, outputs: tf.reduce_sum(per_example_loss(y, outputs)))
+    times: list[float] = []
+
+    class EpochTimer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            times.append(time.perf_counter())
+
+        def on_epoch_end(self, epoch, logs=None):
+            times[-1] = time.perf_counter() - times[-1]
+
+    per_epoch = max(1, cfg.trainer.steps // 2)
+    model.fit(train_batches, steps_per_epoch=per_epoch, epochs=2, verbose=0,
+              callbacks=[EpochTimer()])
+    return per_epoch / times[-1]
+
+
+# --------------------------------------------------------------------------- measurement
+def side_by_side(variants: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
+    """Each variant's median over `repeats` rounds; in every round all variants take a turn."""
+    results: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, measure in variants.items():
+            results[name].append(measure())
+    return {name: statistics.median(values) for name, values in results.items()}
+
+
+def matmul_flops_per_s(size: int = 2048, repeats: int = 10) -> float:
+    from gradexp._tf import tf
+
+    a = tf.random.normal([size, size])
+    multiply = tf.function(lambda: tf.matmul(a, a))
+    multiply().numpy()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        result = multiply()
+    result.numpy()
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def mlp_flops_per_step(cfg, input_size: int, num_outputs: int) -> float:
+    """Dense layers: 2·B·in·out forward, 4·B·in·out backward (input and weight gradients)."""
+    sizes = [input_size] + [cfg.model.width] * cfg.model.depth + [num_outputs]
+    return 6 * cfg.trainer.batch_size * sum(a * b for a, b in zip(sizes[:-1], sizes[1:],
+                                                                  strict=True))
+
+
+def summarize_vs_tbparse(runs: int, steps: int, repeats: int) -> dict[str, float]:
+    """A sweep of `runs` runs written in gradexp's own formats (metrics.csv, event files,
+    summary.json, .hydra/), then tbparse's load and gradexp.summarize's summary of it."""
+    from tbparse import SummaryReader
+
+    from gradexp import summarize
+
+    with tempfile.TemporaryDirectory() as root:
+        sweep = Path(root)
+        write_sweep(sweep, runs, steps)
+
+        def with_tbparse():
+            start = time.perf_counter()
+            frame = SummaryReader(str(sweep), extra_columns={"dir_name"}).tensors
+            assert len(frame) >= runs * steps
+            return time.perf_counter() - start
+
+        def with_summarize():
+            start = time.perf_counter()
+            with open(os.devnull, "w") as quiet:
+                stdout, sys.stdout = sys.stdout, quiet
+                try:
+                    assert summarize.main([str(sweep)]) == 0
+                finally:
+                    sys.stdout = stdout
+            return time.perf_counter() - start
+
+        times = side_by_side({"tbparse_s": with_tbparse, "summarize_s": with_summarize},
+                             repeats)
+    return {**times, "summarize_vs_tbparse": times["tbparse_s"] / times["summarize_s"]}
+
+
+def write_sweep(sweep: Path, runs: int, steps: int) -> None:
+    """`runs` runs of `steps` steps (clip=null or 0.1, seeds) through gradexp.logs.RunLog."""
+    from omegaconf import OmegaConf
+
+    from gradexp.logs import RunLog, write_json
+    from gradexp.train import metric_names
+
+    names = metric_names(["dense_1", "dense_2", "dense_3"])
+    rng = np.random.default_rng(0)
+    for k in range(runs):
+        clip, seed = ("null", "0.1")[k % 2], k // 2
+        cfg = compose_cfg(steps, f"clip={clip}", f"seed={seed}")
+        run_dir = sweep / str(k)
+        (run_dir / ".hydra").mkdir(parents=True)
+        overrides = [f"clip={clip}", f"seed={seed}"]
+        OmegaConf.save(OmegaConf.create(overrides), run_dir / ".hydra" / "overrides.yaml")
+        OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+        log = RunLog(run_dir, names, cfg)
+        loss = 2.3 * np.exp(-np.arange(steps) / (steps / 4)) + rng.random(steps) * 0.05
+        rows = rng.random((steps, len(names))).astype(np.float32)
+        rows[:, 0] = loss
+        log.steps(np.arange(1, steps + 1), rows, {"loss/val": 0.5, "accuracy/val": 0.9})
+        log.close(steps, {"loss": float(loss[-1])})
+        write_json(run_dir / "summary.json", {"status": "completed", "steps": steps,
+                                              "config": OmegaConf.to_container(cfg),
+                                              "overrides": overrides})
+
+
+def config_error_seconds(repeats: int) -> float:
+    """Launch to error for a bad value, as a user meets it: a fresh process each time."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = subprocess.run([sys.executable, "-m", "gradexp.train", "clip=-1"],
+                                capture_output=True, text=True)
+        times.append(time.perf_counter() - start)
+        assert result.returncode == 2, result.stderr
+    return statistics.median(times)
+
+
+def determinism_cost(steps: int, repeats: int) -> dict[str, float]:
+    """steps/s of the default run with and without deterministic=true, separate processes."""
+    def run(deterministic: bool) -> float:
+        with tempfile.TemporaryDirectory() as run_dir:
+            subprocess.run([sys.executable, "-m", "gradexp.train", f"trainer.steps={steps}",
+                            f"trainer.eval_every={steps}", "trainer.checkpoint_every=0", *EXTRA,
+                            f"deterministic={str(deterministic).lower()}",
+                            f"hydra.run.dir={run_dir}/run"], check=True, capture_output=True)
+            return json.loads((Path(run_dir) / "run" / "summary.json").read_text())[
+                "steps_per_s"]
+
+    speeds = side_by_side({"deterministic": lambda: run(True),
+                           "default": lambda: run(False)}, repeats)
+    return {"determinism_cost": speeds["default"] / speeds["deterministic"],
+            "steps_per_s_deterministic": speeds["deterministic"]}
+
+
+# ------------------------------------------------------------------------------------ main
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m gradexp.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer steps and repeats (under 2 minutes on 2 cores)")
+    parser.add_argument("--repeats", type=int, help="rounds per comparison (default 3, quick 2)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="config overrides for every run, e.g. trainer.jit_compile=false")
+    args = parser.parse_args(argv)
+    EXTRA[:] = args.overrides
+    repeats = args.repeats or (2 if args.quick else 3)
+    steps = 600 if args.quick else 3000
+    wide_steps = 20 if args.quick else 60
+    out: dict[str, float] = {}
+
+    def report(label: str, values: dict[str, float]) -> None:
+        out.update(values)
+        shown = ", ".join(f"{k} {v:.3g}" for k, v in values.items())
+        print(f"{label}: {shown}", flush=True)
+
+    mlp = compose_cfg(steps)
+    speeds = side_by_side({
+        "gradexp": lambda: gradexp_steps_per_s(mlp),
+        "unlogged": lambda: unlogged_steps_per_s(mlp),
+        "no_layers": lambda: gradexp_steps_per_s(compose_cfg(steps, "layer.positions=[]")),
+        "bare_loop": lambda: bare_loop_steps_per_s(mlp),
+        "keras_fit": lambda: keras_fit_steps_per_s(mlp),
+    }, repeats)
+    report("default MLP, steps/s", {f"steps_per_s_{k}": v for k, v in speeds.items()})
+    report("default MLP", {
+        "vs_keras_fit": speeds["gradexp"] / speeds["keras_fit"],
+        "vs_bare_loop": speeds["gradexp"] / speeds["bare_loop"],
+        "layer_overhead": speeds["no_layers"] / speeds["gradexp"],
+        "logging_overhead": speeds["unlogged"] / speeds["gradexp"],
+    })
+
+    wide = compose_cfg(wide_steps, *WORKLOADS["mlp_wide"], "trainer.log_every=10")
+    speeds = side_by_side({"gradexp": lambda: gradexp_steps_per_s(wide),
+                           "bare_loop": lambda: bare_loop_steps_per_s(wide)}, repeats)
+    flops = mlp_flops_per_step(wide, 32, 10) * speeds["gradexp"]
+    report("compute-bound MLP (width 1024, batch 512)", {
+        "steps_per_s_wide_gradexp": speeds["gradexp"],
+        "steps_per_s_wide_bare_loop": speeds["bare_loop"],
+        "vs_bare_loop_wide": speeds["gradexp"] / speeds["bare_loop"],
+        "flop_fraction": flops / matmul_flops_per_s()})
+
+    for name in ("cnn", "rnn", "transformer"):
+        cfg = compose_cfg(steps // 3, *WORKLOADS[name])
+        speeds = side_by_side({"gradexp": lambda cfg=cfg: gradexp_steps_per_s(cfg),
+                               "keras_fit": lambda cfg=cfg: keras_fit_steps_per_s(cfg)},
+                              1 if args.quick else repeats)
+        report(f"{name}", {f"vs_keras_fit_{name}": speeds["gradexp"] / speeds["keras_fit"]})
+
+    checkpointed = compose_cfg(steps, "trainer.checkpoint_every=100")
+    speeds = side_by_side({"none": lambda: gradexp_steps_per_s(mlp),
+                           "every_100": lambda: gradexp_steps_per_s(checkpointed)}, repeats)
+    report("checkpoints", {"checkpoint_cost": speeds["none"] / speeds["every_100"]})
+    report("determinism", determinism_cost(steps, repeats))
+    report("summarize", summarize_vs_tbparse(100, 100 if args.quick else 1000, repeats))
+    report("config error", {"config_error_s": config_error_seconds(repeats)})
+    print(json.dumps({k: round(v, 4) for k, v in out.items()}))
+    return out
+
+
+if __name__ == "__main__":
+    main()
