@@ -260,9 +260,13 @@ class RunLog:
         from tensorboard.compat.proto.summary_pb2 import Summary
         from tensorboard.plugins.histogram import summary_v2 as histogram
 
+        def finite(t):  # a diverged run's gradients: the histogram of what is finite
+            t = np.asarray(t)
+            return t[np.isfinite(t)]
+
         self.events.summary(step, Summary(value=[
             value for name, t in tensors.items()
-            for value in histogram.histogram_pb(name, np.asarray(t)).value]))
+            for value in histogram.histogram_pb(name, finite(t)).value]))
 
     def close(self, step: int, final: dict[str, float]) -> None:
         """Final metrics as `final/<name>` scalars (the HParams view's metric columns)."""
