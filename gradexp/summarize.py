@@ -882,8 +882,8 @@ def _plot_grad_norms(plt, curves, color, settings: Settings, path: Path) -> Path
                         if c.startswith("grad_norm/") and c.endswith("/pre")})
     if not positions:
         return None
-    fig, axes = plt.subplots(1, len(positions), figsize=(4.5 * len(positions), 4.5),
-                             sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(positions), figsize=(max(8.0, 4.5 * len(positions)), 4.5),
+                             sharey=True, squeeze=False)  # ≥ 8 in: the title fits one panel
     for ax, position in zip(axes[0], positions, strict=True):
         for label, tables in curves.items():
             for side, style in (("pre", "-"), ("post", "--")):
@@ -895,7 +895,9 @@ def _plot_grad_norms(plt, curves, color, settings: Settings, path: Path) -> Path
         ax.set(yscale="log", xlabel="step", title=f"‖dy‖ at {position}")
     axes[0][0].set_ylabel(f"‖dy‖, mean over seeds, trailing mean over {settings.spike_window}")
     fig.suptitle("Gradient norm reaching each clip layer: before the clip solid, after dashed")
-    axes[0][-1].legend(fontsize="x-small")
+    for ax in axes[0]:  # each panel names its own groups: groups may clip at different positions
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="x-small")
     return _save(plt, fig, path)
 
 
@@ -907,16 +909,24 @@ def _plot_final_loss(plt, tidy, keys, shown, x_key, baseline, path: Path) -> Pat
     x_values = sorted(rows[x_key].unique(), key=lambda v: _natural_value(v, baseline_value))
     position = {v: i for i, v in enumerate(x_values)}
     others = [k for k in shown if k != x_key]
+    # Diverged runs' final losses (the loss before the blow-up) can sit decades above the rest:
+    # then a log axis, on which an interval reaching down to 0 or below ends at the axis' bottom.
+    means = rows["mean"].to_numpy(float)
+    floor = (means.min() / 3 if (means > 0).all() and means.max() > 100 * means.min()
+             else None)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for combination, line in (rows.groupby(others, sort=False) if others else [((), rows)]):
         line = line.sort_values(x_key, key=lambda s: s.map(position))
         label = _label(dict(zip(others, np.atleast_1d(combination), strict=True))) or "final loss"
-        err = np.vstack([line["mean"] - line["ci_low"], line["ci_high"] - line["mean"]])
+        low = line["ci_low"] if floor is None else line["ci_low"].clip(lower=floor)
+        err = np.vstack([line["mean"] - low, line["ci_high"] - line["mean"]])
         ax.errorbar(line[x_key].map(position), line["mean"], yerr=np.nan_to_num(err),
                     marker="o", capsize=3, label=label)
     ax.set_xticks(range(len(x_values)), x_values)
     ax.set(xlabel=x_key, ylabel="final loss (mean over seeds, 95% CI)",
            title=f"Final loss against {x_key}")
+    if floor is not None:
+        ax.set(yscale="log", ylim=(floor, None))
     ax.legend(fontsize="small")
     return _save(plt, fig, path)
 

@@ -348,6 +348,30 @@ def test_cli_end_to_end(tmp_path):
     assert "## final_loss (lower is better)" in (sweep / "summary.md").read_text()
 
 
+def test_plots_name_every_panel_and_use_a_log_axis_for_far_apart_losses(tmp_path, monkeypatch):
+    """Groups clipping at different positions each appear in their own panel's legend; final
+    losses decades apart (diverged runs) are drawn on a log axis whose bottom is above 0."""
+    sweep = tmp_path / "sweep"
+    for seed in range(2):
+        write_run(sweep / f"null_{seed}", ["clip=null", f"seed={seed}"], ending_at(1000.0 + seed))
+        write_run(sweep / f"a_{seed}", ["clip=0.1", f"seed={seed}"], ending_at(0.5 - seed / 10))
+        write_run(sweep / f"b_{seed}", ["clip=1", f"seed={seed}"], ending_at(0.2),
+                  fractions={"dense_2": [0.5] * 10})
+    figures, save = {}, S._save
+
+    def record(plt, fig, path):
+        figures[path.name] = fig.axes
+        return save(plt, fig, path)
+
+    monkeypatch.setattr(S, "_save", record)
+    assert S.main([str(sweep), "--plots"]) == 0
+    legends = [[t.get_text() for t in ax.get_legend().get_texts()]
+               for ax in figures["grad_norms.png"]]
+    assert legends == [["clip=null", "clip=0.1"], ["clip=1"]]  # dense_1, dense_2
+    (ax,) = figures["final_loss_vs_clip.png"]
+    assert ax.get_yscale() == "log" and 0 < ax.get_ylim()[0] < 0.2
+
+
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     result = summarize_cli("/nonexistent", cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
