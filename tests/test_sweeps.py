@@ -68,7 +68,7 @@ def test_basic_launcher(basic_sweep):
     # the trainer's final loss (last 10% of steps) and the summary's are one definition
     table = pd.read_csv(sweep_dir / "runs.csv", keep_default_na=False, na_values=[""])
     for run in table.itertuples():
-        trainer = json.loads((sweep_dir / run.run / "summary.json").read_text())["final_loss"]
+        trainer = json.loads((sweep_dir / str(run.run) / "summary.json").read_text())["final_loss"]
         assert run.final_loss == pytest.approx(trainer, rel=1e-6)
     assert (sweep_dir / "0" / ".hydra" / "overrides.yaml").read_text().count("clip=null") == 1
 
