@@ -16,8 +16,9 @@ import pytest
 
 from conftest import gradexp
 
-TINY = ["trainer.steps=20", "trainer.log_every=10", "trainer.eval_every=20",
-        "trainer.histogram_every=0", "model.width=8"]
+# Launchers are the subject here, not the step: no XLA compile (~3 s a run) for 20 steps.
+TINY = ["trainer.jit_compile=false", "trainer.steps=20", "trainer.log_every=10",
+        "trainer.eval_every=20", "trainer.histogram_every=0", "model.width=8"]
 SWEEP = ["clip=null,0.1", "seed=0,1"]
 
 
