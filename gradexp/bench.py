@@ -326,13 +326,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     wide = compose_cfg(wide_steps, *WORKLOADS["mlp_wide"], "trainer.log_every=10")
     speeds = side_by_side({"gradexp": lambda: gradexp_steps_per_s(wide),
-                           "bare_loop": lambda: bare_loop_steps_per_s(wide)}, repeats)
+                           "bare_loop": lambda: bare_loop_steps_per_s(wide),
+                           "matmul_flops": matmul_flops_per_s}, repeats)
     flops = mlp_flops_per_step(wide, 32, 10) * speeds["gradexp"]
     report("compute-bound MLP (width 1024, batch 512)", {
         "steps_per_s_wide_gradexp": speeds["gradexp"],
         "steps_per_s_wide_bare_loop": speeds["bare_loop"],
         "vs_bare_loop_wide": speeds["gradexp"] / speeds["bare_loop"],
-        "flop_fraction": flops / matmul_flops_per_s()})
+        "gflop_per_s_wide": flops / 1e9, "gflop_per_s_matmul": speeds["matmul_flops"] / 1e9,
+        "flop_fraction": flops / speeds["matmul_flops"]})
 
     for name in ("cnn", "rnn", "transformer"):
         cfg = compose_cfg(steps // 3, *WORKLOADS[name])
