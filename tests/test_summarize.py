@@ -357,13 +357,15 @@ def test_plots_name_every_panel_and_use_a_log_axis_for_far_apart_losses(tmp_path
         write_run(sweep / f"a_{seed}", ["clip=0.1", f"seed={seed}"], ending_at(0.5 - seed / 10))
         write_run(sweep / f"b_{seed}", ["clip=1", f"seed={seed}"], ending_at(0.2),
                   fractions={"dense_2": [0.5] * 10})
-    figures, save = {}, S._save
+    from gradexp import plots
+
+    figures, save = {}, plots._save
 
     def record(plt, fig, path):
         figures[path.name] = fig.axes
         return save(plt, fig, path)
 
-    monkeypatch.setattr(S, "_save", record)
+    monkeypatch.setattr(plots, "_save", record)
     assert S.main([str(sweep), "--plots"]) == 0
     legends = [[t.get_text() for t in ax.get_legend().get_texts()]
                for ax in figures["grad_norms.png"]]
