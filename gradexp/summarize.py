@@ -2,11 +2,12 @@
 
     python -m gradexp.summarize outputs/multirun/<date>/<time> [--baseline clip=null] [--plots]
 
-The module reads top to bottom: reading run directories (`load_runs`), grouping them by their
-overrides (`group_values`), the per-run stability metrics (one small function each, formula in
-the docstring; `run_metrics` applies them), the comparison of each group with its matching
-baseline group over paired seeds (`compare`), then the outputs (table, CSV, markdown, plots) and
-`main`. Nothing here imports TensorFlow; only the event-file fallback does, and only when needed.
+Top to bottom: reading run directories (`load_runs`), grouping runs by their overrides
+(`grouping_keys`, `group_values`), the per-run metrics (one small function each, its formula in
+the docstring; `run_metrics` applies them), each group against its matching baseline group over
+paired seeds (`compare`), the printed table and files, `main`. Definitions: README, "Summarizing
+a sweep". TensorFlow loads only to read event files (a run without metrics.csv); matplotlib only
+with --plots (gradexp.plots).
 """
 
 from __future__ import annotations
@@ -24,12 +25,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-# yaml's C loader reads a run's small YAML files ~10x faster than the pure-Python one.
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # ~10x faster than pure Python
 DEFAULT_BASELINES = (("clip", "null"), ("clipping", "none"))
-SEED_KEY = "seed"
-LOSS, GRAD_NORM = "loss/train", "grad_norm/global"
+SEED_KEY, LOSS, GRAD_NORM = "seed", "loss/train", "grad_norm/global"
 REQUIRED_COLUMNS = ("step", LOSS)
 UNSET = "(unset)"  # a swept key that neither a run's overrides nor its config has
 ONE_GROUP = "sweep"  # the key of the single group when no key but the seed was swept
@@ -51,7 +49,7 @@ METRICS: dict[str, str | None] = {
     "steps_to_target": "lower",
 }
 COUNTS = ("runs", "completed", "diverged", "failed", "incomplete")
-# summary.csv's columns after the group's keys and label: one row per group × metric
+# summary.csv, one row per group × metric: the group's keys and label, then these
 SUMMARY_COLUMNS = ["metric", "better", "n", "mean", "std", "ci_low", "ci_high",
                    "baseline", "n_paired", "n_diff", "diff_mean", "diff_ci_low", "diff_ci_high",
                    "wins", "ties", "win_rate", *COUNTS, "divergence_rate", "target_loss"]
@@ -61,13 +59,13 @@ PRINTED = ("final_loss", "val_accuracy", "loss_spikes", "grad_norm_cv", "steps_t
 
 @dataclass(frozen=True)
 class Settings:
-    """The knobs of the metrics (see `--help`)."""
+    """The knobs of the metrics (the command line's options)."""
 
     final_fraction: float = 0.1
     spike_factor: float = 2.0
     spike_window: int = 20
     spike_min_rise: float = 0.05
-    target_loss: float | None = None  # None: the worst final loss of each group's baseline
+    target_loss: float | None = None  # None: from each group's matching baseline group
 
 
 DEFAULTS = Settings()
@@ -75,7 +73,7 @@ DEFAULTS = Settings()
 
 @dataclass
 class Run:
-    """One readable run directory. `metrics` is None for a failed run (counted, not measured)."""
+    """One readable run directory; `metrics` is None for a failed run (counted, not measured)."""
 
     name: str  # the directory relative to the summarized folder
     overrides: dict[str, str]
@@ -86,7 +84,7 @@ class Run:
 
 
 class Unreadable(Exception):
-    """A run directory that cannot be summarized; the message is the reason shown to the user."""
+    """A run directory that cannot be summarized; the message is the reason shown."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,16 +92,12 @@ class Unreadable(Exception):
 
 
 def find_run_dirs(root: Path) -> list[Path]:
-    """Every directory under `root` (itself included) that holds `.hydra/`, or that holds a
-    metrics.csv or summary.json (so that a run missing `.hydra/` is reported, not ignored)."""
-    markers = [".hydra", "metrics.csv", "summary.json"]
-    found = {p.parent for marker in markers for p in root.rglob(marker)}
-    return sorted(found, key=lambda p: _natural_path(p.relative_to(root)))
-
-
-def _natural_path(path: Path) -> tuple:
-    # "10" after "9": sweep job numbers sort as numbers
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in path.parts)
+    """Every directory under `root` (itself included) holding `.hydra/`, metrics.csv or
+    summary.json (so that a run without `.hydra/` is reported, not ignored), job 10 after 9."""
+    found = {p.parent for marker in (".hydra", "metrics.csv", "summary.json")
+             for p in root.rglob(marker)}
+    return sorted(found, key=lambda p: tuple((0, int(part), "") if part.isdigit() else
+                                             (1, 0, part) for part in p.relative_to(root).parts))
 
 
 def load_runs(root: Path | str) -> tuple[list[Run], list[tuple[str, str]]]:
@@ -148,15 +142,15 @@ def read_run(run_dir: Path, name: str = ".") -> Run:
 
 
 def _read_yaml(path: Path, kind: type) -> Any:
+    name = f"{path.parent.name}/{path.name}"
     try:
         data = yaml.load(path.read_text(), Loader=YAML_LOADER)
     except FileNotFoundError:
-        raise Unreadable(f"no {path.parent.name}/{path.name}") from None
+        raise Unreadable(f"no {name}") from None
     except yaml.YAMLError as exc:
-        reason = f"{path.parent.name}/{path.name} is not YAML ({exc.__class__.__name__})"
-        raise Unreadable(reason) from None
+        raise Unreadable(f"{name} is not YAML ({exc.__class__.__name__})") from None
     if not isinstance(data, kind):
-        raise Unreadable(f"{path.parent.name}/{path.name} is not a YAML {kind.__name__}")
+        raise Unreadable(f"{name} is not a YAML {kind.__name__}")
     return data
 
 
@@ -209,8 +203,8 @@ def read_metrics(path: Path, partial_last_row: bool = False) -> pd.DataFrame:
 
 
 def read_events(run_dir: Path) -> pd.DataFrame:
-    """The run's TensorBoard event files → the same table as metrics.csv (the fallback when a
-    run has no metrics.csv). Reading events is slow (and loads TensorFlow): only done here."""
+    """The run's TensorBoard event files → the same table as metrics.csv (slow, loads
+    TensorFlow: only for a run without metrics.csv)."""
     if not list(run_dir.glob("events.out.tfevents.*")):
         raise Unreadable("no metrics.csv and no event files")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -226,10 +220,9 @@ def read_events(run_dir: Path) -> pd.DataFrame:
         raise Unreadable(f"event files unreadable ({exc.__class__.__name__}: {exc})") from None
     columns = {}
     for tag in events.Tags()["tensors"]:
-        if events.SummaryMetadata(tag).plugin_data.plugin_name != "scalars":
-            continue  # histograms, HParams
-        if tag.startswith("final/"):
-            continue  # the run's final figures, not a per-step series
+        if (events.SummaryMetadata(tag).plugin_data.plugin_name != "scalars"
+                or tag.startswith("final/")):  # histograms, HParams; the run's final figures
+            continue
         values = {e.step: float(make_ndarray(e.tensor_proto)) for e in events.Tensors(tag)}
         columns[tag] = pd.Series(values, dtype=float)
     if LOSS not in columns:
@@ -239,7 +232,7 @@ def read_events(run_dir: Path) -> pd.DataFrame:
 
 
 def _checked(table: pd.DataFrame, source: str) -> pd.DataFrame:
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    missing = [c for c in ("step", LOSS) if c not in table.columns]
     if missing:
         raise Unreadable(f"{source} has no column {', '.join(missing)}")
     if table.empty:
@@ -247,7 +240,7 @@ def _checked(table: pd.DataFrame, source: str) -> pd.DataFrame:
     step = pd.to_numeric(table["step"], errors="coerce")
     if step.isna().any() or not step.is_monotonic_increasing or not step.is_unique:
         raise Unreadable(f"{source}: the step column is not increasing whole numbers")
-    # astype copies the whole table (~2 ms a run): only when the steps are not integers yet
+    # astype copies the whole table (~2 ms a run): only if the steps are not integers yet
     return table if pd.api.types.is_integer_dtype(step) else table.astype({"step": int})
 
 
@@ -256,16 +249,12 @@ def _checked(table: pd.DataFrame, source: str) -> pd.DataFrame:
 
 
 def grouping_keys(runs: list[Run]) -> list[str]:
-    """Every override key of any run except the seed, Hydra's own (`hydra/...`, `hydra.*`) and
-    keys every run sets to the same value (they tell no group apart), in the order they first
-    appear; [`sweep`] (one group, `sweep=all`) if there is none."""
+    """The override keys, in order of appearance, that differ between runs, except the seed and
+    Hydra's own (`hydra/...`, `hydra.*`); [`sweep`] (one group, `sweep=all`) if none."""
     keys = dict.fromkeys(key for run in runs for key in run.overrides)
-
-    def varies(key: str) -> bool:
-        return len({run.overrides.get(key) for run in runs}) > 1
-
     return [k for k in keys if k != SEED_KEY and k != "hydra"
-            and not k.startswith(("hydra/", "hydra.")) and varies(k)] or [ONE_GROUP]
+            and not k.startswith(("hydra/", "hydra."))
+            and len({run.overrides.get(k) for run in runs}) > 1] or [ONE_GROUP]
 
 
 def group_values(runs: list[Run], keys: list[str]) -> pd.DataFrame:
@@ -327,16 +316,9 @@ def _as_text(value: Any) -> str:
     return str(value)
 
 
-def default_baseline(keys: list[str]) -> tuple[str, str] | None:
-    """`clip=null` if clip is swept, else `clipping=none` if clipping is, else none."""
-    return next(((k, v) for k, v in DEFAULT_BASELINES if k in keys), None)
-
-
 # ---------------------------------------------------------------------------------------------
-# Per-run metrics: one function each, on numpy arrays (pandas' per-call overhead would dominate:
-# a sweep of 100 runs × 1000 steps is summarized in well under a second). A diverged run is
-# measured on its steps before the divergence (`steps_before_divergence`); that it diverged is
-# reported by `diverged`.
+# Per-run metrics: one function each, on numpy arrays (pandas' per-call overhead would dominate).
+# A diverged run is measured on its steps before the divergence (`steps_before_divergence`).
 
 
 def trailing_mean(x: np.ndarray, window: int) -> np.ndarray:
@@ -515,44 +497,34 @@ def _reported_step(run: Run) -> float:
 
 def per_run_table(runs: list[Run], keys: list[str], settings: Settings,
                   baseline: tuple[str, str] | None) -> pd.DataFrame:
-    """One row per run: its directory, status, group values, seed and metrics (NaN for a failed
-    run). `steps_to_target` needs the target, which needs every run's final loss: two passes."""
-    values = group_values(runs, keys)
+    """One row per run: directory, status, group values, seed, metrics (NaN for a failed run),
+    target loss. The target needs every run's final loss: steps_to_target comes second."""
     rows = [run_metrics(run.metrics, settings, _divergence_factor(run), _reported_step(run))
-            if run.metrics is not None else dict.fromkeys(METRICS, math.nan) for run in runs]
+            if run.metrics is not None else {} for run in runs]
     table = pd.concat([pd.DataFrame({"run": [r.name for r in runs],
                                      "status": [r.status for r in runs]}),
-                       values, pd.DataFrame(rows, columns=list(METRICS))], axis=1)
+                       group_values(runs, keys), pd.DataFrame(rows, columns=list(METRICS))],
+                      axis=1)
     table["target_loss"] = target_losses(table, keys, baseline, settings.target_loss)
-    table["steps_to_target"] = [
-        _steps_to_target(run, diverged_at, target, settings.spike_window)
-        for run, diverged_at, target in zip(runs, table["diverged_step"], table["target_loss"],
-                                            strict=True)]
+    for i, run in enumerate(runs):
+        if run.metrics is not None:
+            part = steps_before_divergence(run.metrics, table.at[i, "diverged_step"])
+            table.at[i, "steps_to_target"] = steps_to_target(
+                part[LOSS].to_numpy(float), part["step"].to_numpy(), table.at[i, "target_loss"],
+                settings.spike_window)
     return table
 
 
-def _steps_to_target(run: Run, diverged_at: float, target: float, window: int) -> float:
-    if run.metrics is None:
-        return math.nan
-    part = steps_before_divergence(run.metrics, diverged_at)
-    return steps_to_target(part[LOSS].to_numpy(float), part["step"].to_numpy(), target, window)
-
-
 def target_losses(table: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None,
-                  fixed: float | None) -> pd.Series:
+                  fixed: float | None) -> np.ndarray:
     """The target of each run's `steps_to_target`: `fixed` if given, else the largest final
-    loss over the seeds of the run's matching baseline group (NaN if there is none) — a loss
-    every baseline seed gets down to, so the metric is defined for the baseline itself."""
-    if fixed is not None:
-        return pd.Series(float(fixed), index=table.index)
-    if baseline is None:
-        return pd.Series(math.nan, index=table.index)
-    per_seed = table.groupby([*keys, SEED_KEY], sort=False)["final_loss"].mean().reset_index()
-    target = per_seed.groupby(keys, sort=False)["final_loss"].max()
+    loss among its matching baseline group's runs (a loss every baseline run gets down to, so
+    the baseline itself is measured too); NaN without a baseline."""
+    if fixed is not None or baseline is None:
+        return np.full(len(table), math.nan if fixed is None else float(fixed))
+    worst = table.groupby(keys, sort=False)["final_loss"].max().reset_index()
     partner = table[keys].assign(**{baseline[0]: baseline[1]})
-    return pd.Series(target.reindex(pd.MultiIndex.from_frame(partner)
-                                    if len(keys) > 1 else partner[keys[0]]).to_numpy(),
-                     index=table.index)
+    return partner.merge(worst, on=keys, how="left")["final_loss"].to_numpy(float)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -654,10 +626,9 @@ def summarize(runs: list[Run], settings: Settings = DEFAULTS,
     per_seed = per_seed_values(runs_table, keys)
     tidy = compare(per_seed, keys, baseline)
     counts = group_counts(runs_table, keys)
-    targets = runs_table.groupby(keys, sort=False)["target_loss"].first()
-    counts["target_loss"] = targets
-    # every group × metric in a readable order (a left merge keeps the grid's order); groups
-    # with only failed runs get rows too, so that their counts show
+    counts["target_loss"] = runs_table.groupby(keys, sort=False)["target_loss"].first()
+    # every group × metric, in order (a left merge keeps the grid's); a group with only failed
+    # runs gets rows too, so that its counts show
     groups = counts.index.to_frame(index=False)
     groups = groups.iloc[sorted(range(len(groups)), key=lambda i: tuple(
         _natural_value(groups.at[i, k], baseline[1] if baseline and baseline[0] == k else None)
@@ -682,7 +653,7 @@ def _natural_value(value: str, baseline_value: str | None) -> tuple:
 
 
 # ---------------------------------------------------------------------------------------------
-# Output: the printed table, summary.csv, summary.md, plots
+# Output: the printed table, summary.md (summary.csv and runs.csv are the tables themselves)
 
 
 def varying_keys(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None) -> list:
@@ -823,9 +794,9 @@ def _comparison_note(baseline: tuple[str, str] | None, settings: Settings) -> st
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m gradexp.summarize",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Compare each setting of a sweep with its unclipped baseline, seed by seed.",
-        epilog=HELP_METRICS)
+        epilog="Every metric is defined in the README, section \"Summarizing a sweep\". Writes "
+               "summary.csv (one row per group × metric), summary.md and runs.csv.")
     parser.add_argument("dir", type=Path, metavar="DIR",
                         help="a sweep (outputs/multirun/<date>/<time>) or any folder holding "
                              "run directories (searched recursively for .hydra/)")
@@ -833,43 +804,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the baseline setting (default: clip=null if clip is swept, else "
                              "clipping=none if clipping is, else no comparisons)")
     parser.add_argument("--target-loss", type=float, metavar="LOSS",
-                        help="the loss of steps_to_target (default: the largest final loss "
-                             "among the matching baseline group's seeds)")
+                        help="the loss of steps_to_target (default: from the matching baseline "
+                             "group's final losses)")
     parser.add_argument("--final-fraction", type=_fraction, default=0.1, metavar="F",
                         help="final_loss averages the last F of the steps (default: 0.1)")
     parser.add_argument("--spike-factor", type=_positive(float), default=2.0, metavar="X",
-                        help="a spike is a loss above X × the mean of the preceding window "
-                             "(default: 2)")
+                        help="a spike is a loss above X × the preceding window's mean (default: 2)")
     parser.add_argument("--spike-window", type=_positive(int), default=20, metavar="N",
-                        help="steps in the trailing windows of loss_spikes and steps_to_target "
-                             "(default: 20)")
+                        help="the trailing window of spikes and steps_to_target (default: 20)")
     parser.add_argument("--spike-min-rise", type=_fraction, default=0.05, metavar="R",
-                        help="a spike also rises above that mean by more than R × the run's "
-                             "first loss (default: 0.05)")
-    parser.add_argument("--plots", action="store_true",
-                        help="also write loss_curves.png, grad_norms.png, final_loss_vs_<key>.png")
+                        help="a spike also rises above that mean by more than R × the first "
+                             "loss (default: 0.05)")
+    parser.add_argument("--plots", action="store_true", help="also write the PNGs")
     parser.add_argument("--out", type=Path, metavar="OUT",
-                        help="where to write summary.csv, summary.md, runs.csv and the plots "
-                             "(default: DIR)")
+                        help="where the files go (default: DIR)")
     return parser.parse_args(argv)
-
-
-HELP_METRICS = """\
-per-run metrics (a diverged run: all but diverged/diverged_step on its steps before divergence):
-  diverged          summary says so, or a loss or gradient norm not finite, or
-                    loss > trainer.divergence_factor × first loss; diverged_step: that step
-  final_loss        mean loss over the last F of the steps (--final-fraction)
-  val_loss, val_accuracy   the last evaluated values
-  loss_spikes       steps whose loss > X × mean m of the up-to-N preceding losses,
-                    and loss − m > R × the first loss
-  mean_loss         mean loss over the run
-  grad_norm_mean, grad_norm_cv (std/mean), grad_norm_p99_p50, grad_norm_max   of grad_norm/global
-  clip_fraction     mean over steps and clip layers of the share of dy elements clipped
-  steps_to_target   first step whose trailing mean loss over N steps <= the target loss
-per group and metric: mean over seeds with a 95% Student-t interval; against the matching baseline
-group (same other keys, baseline value) over shared seeds: paired differences (group − baseline,
-mean and 95% interval) and the win rate (share of seeds where the group is better).
-Writes summary.csv (one row per group × metric), summary.md and runs.csv into DIR (or --out)."""
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -903,9 +852,10 @@ class UsageError(Exception):
 
 def choose_baseline(requested: tuple[str, str] | None, runs_table: pd.DataFrame,
                     keys: list[str]) -> tuple[str, str] | None:
-    """The requested baseline, checked against the runs; else the default for the keys."""
+    """The requested baseline, checked against the runs; else `clip=null` if clip is swept,
+    else `clipping=none` if clipping is, else none."""
     if requested is None:
-        return default_baseline(keys)
+        return next(((k, v) for k, v in DEFAULT_BASELINES if k in keys), None)
     key, value = requested
     if key not in keys:
         swept = "no key but the seed varies" if keys == [ONE_GROUP] else "keys: " + ", ".join(keys)
