@@ -11,8 +11,9 @@ from gradexp import summarize as S
 
 
 def plot_all(runs: list[S.Run], runs_table: pd.DataFrame, tidy: pd.DataFrame, keys: list[str],
-             baseline: tuple[str, str] | None, settings: S.Settings, out: Path) -> list[Path]:
-    """Write loss_curves.png, grad_norms.png and final_loss_vs_<key>.png into `out`."""
+             baseline: dict[str, str], settings: S.Settings, out: Path) -> list[Path]:
+    """Write loss_curves.png, grad_norms.png and final_loss_vs_<key>.png (per baseline key, or
+    for the first key shown without a baseline) into `out`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -31,9 +32,9 @@ def plot_all(runs: list[S.Run], runs_table: pd.DataFrame, tidy: pd.DataFrame, ke
              for i, label in enumerate(order)}
     written = [_plot_losses(plt, curves, color, settings, out / "loss_curves.png"),
                _plot_grad_norms(plt, curves, color, settings, out / "grad_norms.png")]
-    x_key = baseline[0] if baseline else shown[0]
-    written.append(_plot_final_loss(plt, tidy, shown, x_key, baseline[1] if baseline else None,
-                                    out / f"final_loss_vs_{_filename(x_key)}.png"))
+    for x_key in list(baseline) or shown[:1]:
+        written.append(_plot_final_loss(plt, tidy, shown, x_key, baseline.get(x_key),
+                                        out / f"final_loss_vs_{_filename(x_key)}.png"))
     return [p for p in written if p is not None]
 
 

@@ -1,6 +1,6 @@
 """Summarize a sweep: how much more (or less) stably each setting trained than its baseline.
 
-    python -m gradexp.summarize outputs/multirun/<date>/<time> [--baseline clip=null] [--plots]
+    python -m gradexp.summarize DIR [--baseline clip=null,clipping=none] [--plots]
 
 Top to bottom: reading run directories (`load_runs`), grouping runs by their overrides
 (`grouping_keys`, `group_values`), the per-run metrics (one small function each, its formula in
@@ -16,6 +16,7 @@ import argparse
 import io
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ import pandas as pd
 import yaml
 
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # ~10x faster than pure Python
-DEFAULT_BASELINES = (("clip", "null"), ("clipping", "none"))
+DEFAULT_BASELINE = {"clip": "null", "clipping": "none"}
 SEED_KEY, LOSS, GRAD_NORM = "seed", "loss/train", "grad_norm/global"
 REQUIRED_COLUMNS = ("step", LOSS)
 UNSET = "(unset)"  # a swept key that neither a run's overrides nor its config has
@@ -249,12 +250,29 @@ def _checked(table: pd.DataFrame, source: str) -> pd.DataFrame:
 
 
 def grouping_keys(runs: list[Run]) -> list[str]:
-    """The override keys, in order of appearance, that differ between runs, except the seed and
-    Hydra's own (`hydra/...`, `hydra.*`); [`sweep`] (one group, `sweep=all`) if none."""
-    keys = dict.fromkeys(key for run in runs for key in run.overrides)
-    return [k for k in keys if k != SEED_KEY and k != "hydra"
-            and not k.startswith(("hydra/", "hydra."))
-            and len({run.overrides.get(k) for run in runs}) > 1] or [ONE_GROUP]
+    """The override keys, in order of appearance, that differ between runs, except the seed,
+    Hydra's own (`hydra/...`, `hydra.*`) and the names of presets that set nothing the other
+    keys do not (`only_names_a_preset`); [`sweep`] (one group, `sweep=all`) if none."""
+    keys = [k for k in dict.fromkeys(key for run in runs for key in run.overrides)
+            if k != SEED_KEY and k != "hydra" and not k.startswith(("hydra/", "hydra."))
+            and len({run.overrides.get(k) for run in runs}) > 1]
+    return [k for k in keys if not only_names_a_preset(runs, k, keys)] or [ONE_GROUP]
+
+
+def only_names_a_preset(runs: list[Run], key: str, keys: list[str]) -> bool:
+    """Whether `key` is no value of any run's config (a preset: `+experiment=exploding_rnn`)
+    and runs that agree on the other keys have the same config whatever its value (but the
+    seed): then it names runs, it does not set them apart (two preset sweeps of one model)."""
+    if any(_from_config(run.config, key) != UNSET for run in runs):
+        return False
+    others = group_values(runs, [k for k in keys if k != key]).drop(columns=SEED_KEY)
+    config_of: dict[tuple, str] = {}
+    for values, run in zip(others.itertuples(index=False), runs, strict=True):
+        config = json.dumps({k: v for k, v in run.config.items() if k != SEED_KEY},
+                            sort_keys=True, default=str)
+        if config_of.setdefault(tuple(values), config) != config:
+            return False
+    return True
 
 
 def group_values(runs: list[Run], keys: list[str]) -> pd.DataFrame:
@@ -276,9 +294,12 @@ def group_values(runs: list[Run], keys: list[str]) -> pd.DataFrame:
 def _value(run: Run, key: str) -> Any:
     if key == ONE_GROUP:
         return "all"
-    if key in run.overrides:
-        return run.overrides[key]
-    node: Any = run.config
+    return run.overrides[key] if key in run.overrides else _from_config(run.config, key)
+
+
+def _from_config(config: dict[str, Any], key: str) -> Any:
+    """The config's value at `key` (a config group, such as `model`, by its `name`)."""
+    node: Any = config
     for part in key.replace("/", ".").split("."):
         if not isinstance(node, dict) or part not in node:
             return UNSET
@@ -496,7 +517,7 @@ def _reported_step(run: Run) -> float:
 
 
 def per_run_table(runs: list[Run], keys: list[str], settings: Settings,
-                  baseline: tuple[str, str] | None) -> pd.DataFrame:
+                  baseline: dict[str, str]) -> pd.DataFrame:
     """One row per run: directory, status, group values, seed, metrics (NaN for a failed run),
     target loss. The target needs every run's final loss: steps_to_target comes second."""
     rows = [run_metrics(run.metrics, settings, _divergence_factor(run), _reported_step(run))
@@ -515,15 +536,15 @@ def per_run_table(runs: list[Run], keys: list[str], settings: Settings,
     return table
 
 
-def target_losses(table: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None,
+def target_losses(table: pd.DataFrame, keys: list[str], baseline: dict[str, str],
                   fixed: float | None) -> np.ndarray:
     """The target of each run's `steps_to_target`: `fixed` if given, else the largest final
     loss among its matching baseline group's runs (a loss every baseline run gets down to, so
     the baseline itself is measured too); NaN without a baseline."""
-    if fixed is not None or baseline is None:
+    if fixed is not None or not baseline:
         return np.full(len(table), math.nan if fixed is None else float(fixed))
     worst = table.groupby(keys, sort=False)["final_loss"].max().reset_index()
-    partner = table[keys].assign(**{baseline[0]: baseline[1]})
+    partner = table[keys].assign(**baseline)
     return partner.merge(worst, on=keys, how="left")["final_loss"].to_numpy(float)
 
 
@@ -565,9 +586,10 @@ def group_counts(runs_table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def compare(per_seed: pd.DataFrame, keys: list[str],
-            baseline: tuple[str, str] | None) -> pd.DataFrame:
+            baseline: dict[str, str]) -> pd.DataFrame:
     """One row per (group, metric): n seeds, mean, std and 95% interval over seeds; and against
-    the matching baseline group (same values of the other keys, baseline key = baseline value),
+    the matching baseline group (same values of the other keys, every baseline key at its
+    baseline value),
     over the seeds both groups have: the paired differences d_s = group_s − baseline_s (mean,
     95% interval), and the win rate = wins / paired seeds, a win being a seed where the group
     is better (a missing value, e.g. target never reached, counts as worse than any value;
@@ -577,15 +599,14 @@ def compare(per_seed: pd.DataFrame, keys: list[str],
     stats = long.groupby(by, sort=False)["value"].agg(n="count", mean="mean", std="std")
     stats["ci_low"], stats["ci_high"] = t_interval(stats["mean"], stats["std"], stats["n"])
     stats.insert(0, "better", stats.index.get_level_values("metric").map(METRICS))
-    if baseline is None:
+    if not baseline:
         return stats.reset_index()
-    key, value = baseline
-    partner = long[keys].assign(**{key: value})
+    partner = long[keys].assign(**baseline)
     base = long.set_index([*keys, SEED_KEY, "metric"])["value"]
     partner_index = pd.MultiIndex.from_frame(
         pd.concat([partner, long[[SEED_KEY, "metric"]]], axis=1))
     long["baseline_value"] = base.reindex(partner_index).to_numpy()
-    long["paired"] = partner_index.isin(base.index) & (long[key] != value)
+    long["paired"] = partner_index.isin(base.index) & ~is_baseline(long, baseline)
     long["baseline"] = [_label(dict(zip(keys, row, strict=True))) for row in partner.to_numpy()]
     paired = long[long["paired"]].copy()
     paired["diff"] = paired["value"] - paired["baseline_value"]
@@ -618,10 +639,15 @@ def _label(values: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in values.items())
 
 
+def is_baseline(table: pd.DataFrame, baseline: dict[str, str]) -> pd.Series:
+    """Per row: is every baseline key at its baseline value (a baseline group)."""
+    return (table[list(baseline)] == pd.Series(baseline)).all(axis=1)
+
+
 def summarize(runs: list[Run], settings: Settings = DEFAULTS,
-              baseline: tuple[str, str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+              baseline: dict[str, str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Runs → (per-run table, tidy summary: one row per group × metric with the group's counts)."""
-    keys = grouping_keys(runs)
+    keys, baseline = grouping_keys(runs), baseline or {}
     runs_table = per_run_table(runs, keys, settings, baseline)
     per_seed = per_seed_values(runs_table, keys)
     tidy = compare(per_seed, keys, baseline)
@@ -631,8 +657,7 @@ def summarize(runs: list[Run], settings: Settings = DEFAULTS,
     # runs gets rows too, so that its counts show
     groups = counts.index.to_frame(index=False)
     groups = groups.iloc[sorted(range(len(groups)), key=lambda i: tuple(
-        _natural_value(groups.at[i, k], baseline[1] if baseline and baseline[0] == k else None)
-        for k in keys))]
+        _natural_value(groups.at[i, k], baseline.get(k)) for k in keys))]
     grid = groups.merge(pd.DataFrame({"metric": list(METRICS)}), how="cross")
     tidy = grid.merge(tidy, on=[*keys, "metric"], how="left")
     tidy["better"] = tidy["metric"].map(METRICS)
@@ -656,10 +681,10 @@ def _natural_value(value: str, baseline_value: str | None) -> tuple:
 # Output: the printed table, summary.md (summary.csv and runs.csv are the tables themselves)
 
 
-def varying_keys(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None) -> list:
-    """The keys whose value differs between groups (and the baseline key): the ones worth a
+def varying_keys(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str]) -> list:
+    """The keys whose value differs between groups (and the baseline keys): the ones worth a
     column; keys fixed for the whole sweep (e.g. trainer.steps=100) are stated once instead."""
-    return [k for k in keys if tidy[k].nunique() > 1 or (baseline and k == baseline[0])] or keys
+    return [k for k in keys if tidy[k].nunique() > 1 or k in baseline] or keys
 
 
 def _number(x: float, digits: int = 3) -> str:
@@ -686,9 +711,9 @@ def _mean_cell(row: pd.Series, seeds: int) -> str:
     return cell + (f" [n={row['n']}]" if row["n"] < seeds else "")
 
 
-def _diff_cell(row: pd.Series, baseline: tuple[str, str]) -> str:
+def _diff_cell(row: pd.Series, baseline: dict[str, str]) -> str:
     """`Δmean±half-width wins/pairs`; `base` in the baseline group itself."""
-    if row[baseline[0]] == baseline[1]:
+    if all(row[k] == v for k, v in baseline.items()):
         return "base"
     if pd.isna(row.get("n_paired")) or not row["n_paired"]:
         return "no pair"
@@ -700,7 +725,7 @@ def _diff_cell(row: pd.Series, baseline: tuple[str, str]) -> str:
     return cell
 
 
-def group_table(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None,
+def group_table(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],
                 metrics=PRINTED) -> pd.DataFrame:
     """One row per group: its varying keys, runs, diverged/measured, then per metric
     `mean±half-width` of the 95% interval over seeds and, against the baseline,
@@ -726,7 +751,7 @@ def group_table(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, str] |
 
 
 def metric_table(tidy: pd.DataFrame, keys: list[str], metric: str,
-                 baseline: tuple[str, str] | None) -> pd.DataFrame:
+                 baseline: dict[str, str]) -> pd.DataFrame:
     """One metric, one row per group: n, mean, 95% CI; Δ vs baseline, its CI, wins, ties and
     win rate over the paired seeds."""
     rows = tidy[tidy["metric"] == metric]
@@ -736,7 +761,7 @@ def metric_table(tidy: pd.DataFrame, keys: list[str], metric: str,
     table["mean"] = rows["mean"].map(_number)
     table["95% CI"] = [_interval(lo, hi) for lo, hi in zip(rows["ci_low"], rows["ci_high"],
                                                            strict=True)]
-    if baseline is not None:
+    if baseline:
         table["paired"] = rows["n_paired"].map(_number)
         table["Δ mean"] = rows["diff_mean"].map(lambda x: "—" if pd.isna(x) else _signed(x))
         table["Δ 95% CI"] = [_interval(lo, hi) for lo, hi in zip(
@@ -752,7 +777,7 @@ def _interval(low: float, high: float) -> str:
     return "—" if pd.isna(low) else f"[{_number(low)}, {_number(high)}]"
 
 
-def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None,
+def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],
                     settings: Settings, skipped: list[tuple[str, str]], root: Path) -> str:
     """summary.md: the settings, the key table, one table per metric, the skipped runs."""
     fixed = [k for k in keys if k not in varying_keys(tidy, keys, baseline)]
@@ -776,14 +801,14 @@ def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, st
     return "\n".join(lines)
 
 
-def _comparison_note(baseline: tuple[str, str] | None, settings: Settings) -> str:
-    if baseline is None:
+def _comparison_note(baseline: dict[str, str], settings: Settings) -> str:
+    if not baseline:
         return "No baseline (pass --baseline KEY=VALUE): no comparisons."
-    key, value = baseline
+    setting = ",".join(f"{k}={v}" for k, v in baseline.items())
     target = (f"target loss {settings.target_loss}" if settings.target_loss is not None else
               "target loss: the worst final loss of the matching baseline group's seeds")
-    return (f"Baseline {key}={value}: each group against the group with the same other values "
-            f"and {key}={value}, paired by seed; Δ = group − baseline, mean ± 95% t interval "
+    return (f"Baseline {setting}: each group against the group with the same other values "
+            f"and {setting}, paired by seed; Δ = group − baseline, mean ± 95% t interval "
             f"over paired seeds; {target}.")
 
 
@@ -800,9 +825,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("dir", type=Path, metavar="DIR",
                         help="a sweep (outputs/multirun/<date>/<time>) or any folder holding "
                              "run directories (searched recursively for .hydra/)")
-    parser.add_argument("--baseline", metavar="KEY=VALUE", type=_key_value,
-                        help="the baseline setting (default: clip=null if clip is swept, else "
-                             "clipping=none if clipping is, else no comparisons)")
+    parser.add_argument("--baseline", metavar="KEY=VALUE[,KEY=VALUE]", type=_baseline_arg,
+                        help="the baseline setting (default: each of clip=null, clipping=none "
+                             "whose key is swept and whose value a run has)")
     parser.add_argument("--target-loss", type=float, metavar="LOSS",
                         help="the loss of steps_to_target (default: from the matching baseline "
                              "group's final losses)")
@@ -821,11 +846,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _key_value(text: str) -> tuple[str, str]:
-    key, has_value, value = text.partition("=")
-    if not has_value or not key:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. clip=null")
-    return key, value
+def _baseline_arg(text: str) -> dict[str, str]:
+    """`clip=null,clipping=none` → {"clip": "null", "clipping": "none"}; a comma inside brackets
+    belongs to its value (`layer.positions=[a,b]`)."""
+    pairs = {}
+    for pair in re.split(r",(?![^\[]*\])", text):
+        key, has_value, value = pair.partition("=")
+        if not has_value or not key or key in pairs:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected KEY=VALUE[,KEY=VALUE...], each key once, e.g. clip=null")
+        pairs[key] = value
+    return pairs
 
 
 def _fraction(text: str) -> float:
@@ -850,20 +881,21 @@ class UsageError(Exception):
     """A problem with the user's input: main prints `error: <message>` and exits with 2."""
 
 
-def choose_baseline(requested: tuple[str, str] | None, runs_table: pd.DataFrame,
-                    keys: list[str]) -> tuple[str, str] | None:
-    """The requested baseline, checked against the runs; else `clip=null` if clip is swept,
-    else `clipping=none` if clipping is, else none."""
+def choose_baseline(requested: dict[str, str] | None, values: pd.DataFrame,
+                    keys: list[str]) -> dict[str, str]:
+    """The requested baseline, checked against the runs' group values; by default each of
+    clip=null and clipping=none whose key is swept and whose value a run has ({}: none)."""
     if requested is None:
-        return next(((k, v) for k, v in DEFAULT_BASELINES if k in keys), None)
-    key, value = requested
-    if key not in keys:
-        swept = "no key but the seed varies" if keys == [ONE_GROUP] else "keys: " + ", ".join(keys)
-        raise UsageError(f"--baseline {key}={value}: {key} is not a swept key ({swept})")
-    if not (runs_table[key] == value).any():
-        values = ", ".join(sorted(runs_table[key].unique()))
-        raise UsageError(f"--baseline {key}={value}: no run has {key}={value} "
-                         f"({key} values: {values})")
+        return {k: v for k, v in DEFAULT_BASELINE.items()
+                if k in keys and (values[k] == v).any()}
+    for key, value in requested.items():
+        if key not in keys:
+            swept = ("no key but the seed varies" if keys == [ONE_GROUP]
+                     else "keys: " + ", ".join(keys))
+            raise UsageError(f"--baseline {key}={value}: {key} is not a swept key ({swept})")
+        if not (values[key] == value).any():
+            raise UsageError(f"--baseline {key}={value}: no run has {key}={value} "
+                             f"({key} values: {', '.join(sorted(values[key].unique()))})")
     return requested
 
 
@@ -891,8 +923,6 @@ def _main(args: argparse.Namespace) -> int:
     keys = grouping_keys(runs)
     baseline = choose_baseline(args.baseline, group_values(runs, keys), keys)
     runs_table, tidy = summarize(runs, settings, baseline)
-    if baseline and not (tidy[baseline[0]] == baseline[1]).any():
-        print(f"note: no run has {baseline[0]}={baseline[1]}: no comparisons")
     print(_comparison_note(baseline, settings))
     print(group_table(tidy, keys, baseline).to_markdown(index=False, tablefmt="simple"))
     out = args.out or root

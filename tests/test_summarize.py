@@ -32,9 +32,12 @@ def write_run(run_dir, overrides, losses, *, norms=None, fractions=None, val=Non
               status="completed", summary=None, config=None):
     """A run directory as gradexp.train leaves it: .hydra/, metrics.csv, summary.json."""
     cfg = {"clip": None, "seed": 0, "model": {"name": "mlp", "width": 16},
-           "layer": {"scale": 1.0}, "trainer": {"steps": len(losses), "divergence_factor": 1000.0}}
+           "clipping": {"name": "none"}, "layer": {"scale": 1.0},
+           "trainer": {"steps": len(losses), "divergence_factor": 1000.0}}
     for override in overrides:  # as Hydra composes them (enough for these tests)
         key, _, value = override.lstrip("+").partition("=")
+        if key == "experiment":  # a preset (`# @package _global_`) is no node of the config
+            continue
         node, *path = [cfg, *key.split(".")]
         for part in path[:-1]:
             node = node.setdefault(part, {})
@@ -170,7 +173,7 @@ def test_paired_differences_interval_and_win_rate(tmp_path):
         write_run(tmp_path / f"c{seed}", ["clip=0.1", f"seed={seed}"], ending_at(final))
     runs, skipped = S.load_runs(tmp_path)
     assert len(runs) == 7 and skipped == []
-    _, tidy = S.summarize(runs, baseline=("clip", "null"))
+    _, tidy = S.summarize(runs, baseline={"clip": "null"})
     row = tidy[(tidy["clip"] == "0.1") & (tidy["metric"] == "final_loss")].iloc[0]
     assert row["n"] == 4 and row["mean"] == pytest.approx(np.mean(clipped))
     assert (row["ci_low"], row["ci_high"]) == pytest.approx(t_interval(clipped))
@@ -200,7 +203,7 @@ def test_each_group_meets_its_own_baseline_and_target(tmp_path):
                       [6.0, 5.0, 4.0, final])
     runs, _ = S.load_runs(tmp_path)
     settings = S.Settings(spike_window=1)
-    runs_table, tidy = S.summarize(runs, settings, baseline=("clip", "null"))
+    runs_table, tidy = S.summarize(runs, settings, baseline={"clip": "null"})
     final = tidy[tidy["metric"] == "final_loss"].set_index(["clip", "layer.scale"])
     assert final.loc[("0.1", "3"), "baseline"] == "clip=null layer.scale=3"
     assert final.loc[("0.1", "3"), "diff_mean"] == pytest.approx(2.0 - 4.0)
@@ -234,6 +237,76 @@ def test_group_values_from_overrides_and_config(tmp_path):
         {"clip": "null", "model": "mlp", "model.width": "16", "seed": "0"},
         {"clip": "null", "model": "mlp", "model.width": "16", "seed": "1"},
         {"clip": "0.1", "model": "mlp", "model.width": "32", "seed": "0"}]
+
+
+def two_sweeps(root, clip_runs=None, method_runs=None):
+    """A clip sweep (clip=null,0.1, preset a) and a clipping-method sweep (clipping=none,agc,
+    preset b) of one model, 2 seeds each, in one folder; final losses per seed."""
+    finals = {("null", "none"): [2.0, 3.0], ("0.1", "none"): [1.0, 1.0],
+              ("null", "agc"): [2.5, 2.0]}
+    for seed in range(2):
+        for clip in ("null", "0.1"):
+            write_run(root / f"a/{clip}_{seed}", [f"clip={clip}", f"seed={seed}",
+                                                  "+experiment=a"],
+                      ending_at(finals[(clip, "none")][seed]), **(clip_runs or {}))
+        for method in ("none", "agc"):
+            write_run(root / f"b/{method}_{seed}", [f"clipping={method}", f"seed={seed}",
+                                                    "+experiment=b"],
+                      ending_at(finals[("null", method)][seed]), **(method_runs or {}))
+
+
+def test_several_baseline_keys_one_unclipped_group_for_two_sweeps(tmp_path):
+    """By default clip=null and clipping=none together: the clip sweep's and the method sweep's
+    unclipped runs are one group (a preset's name, the same config, does not split them), and
+    every other group is compared with it."""
+    two_sweeps(tmp_path)
+    runs, _ = S.load_runs(tmp_path)
+    keys = S.grouping_keys(runs)
+    assert keys == ["clip", "clipping"]  # not `experiment`: presets a and b set the same model
+    baseline = S.choose_baseline(None, S.group_values(runs, keys), keys)
+    assert baseline == {"clip": "null", "clipping": "none"}
+    runs_table, tidy = S.summarize(runs, baseline=baseline)
+    final = tidy[tidy["metric"] == "final_loss"].set_index(["clip", "clipping"])
+    assert list(final.index) == [("null", "none"), ("null", "agc"), ("0.1", "none")]
+    assert final.loc[("null", "none"), "runs"] == 4  # both sweeps' copies, 2 per seed
+    assert math.isnan(final.loc[("null", "none"), "diff_mean"])  # the baseline group itself
+    assert (final.loc[[("0.1", "none"), ("null", "agc")], "baseline"]
+            == "clip=null clipping=none").all()
+    assert final.loc[("0.1", "none"), "diff_mean"] == pytest.approx(np.mean([1 - 2, 1 - 3]))
+    assert final.loc[("null", "agc"), "diff_mean"] == pytest.approx(np.mean([2.5 - 2, 2 - 3]))
+    assert final.loc[("null", "agc"), "wins"] == 1 and final.loc[("null", "agc"), "n_paired"] == 2
+    # one baseline key: clipping=agc has clip=null, so it is a baseline group of its own
+    _, tidy = S.summarize(runs, baseline={"clip": "null"})
+    final = tidy[tidy["metric"] == "final_loss"].set_index(["clip", "clipping"])
+    assert math.isnan(final.loc[("null", "agc"), "diff_mean"])
+    assert final.loc[("0.1", "none"), "baseline"] == "clip=null clipping=none"
+
+
+def test_a_preset_that_changes_the_config_stays_a_key(tmp_path):
+    two_sweeps(tmp_path, method_runs={"config": {"model": {"width": 32}}})
+    runs, _ = S.load_runs(tmp_path)
+    assert S.grouping_keys(runs) == ["clip", "experiment", "clipping"]
+
+
+def test_baseline_option_takes_several_pairs(tmp_path, capsys):
+    assert S._baseline_arg("clip=null") == {"clip": "null"}
+    assert S._baseline_arg("clip=null,clipping=none") == {"clip": "null", "clipping": "none"}
+    assert S._baseline_arg("layer.positions=[a,b],clip=null") == {
+        "layer.positions": "[a,b]", "clip": "null"}
+    # the default: each of clip=null and clipping=none whose key is swept and value present
+    values = pd.DataFrame({"clip": ["0.1", "1"], "clipping": ["none", "agc"]})
+    assert S.choose_baseline(None, values, ["clip", "clipping"]) == {"clipping": "none"}
+    two_sweeps(tmp_path)
+    assert S.main([str(tmp_path), "--baseline", "clipping=none,clip=null"]) == 0
+    assert "Baseline clipping=none,clip=null: each group" in capsys.readouterr().out
+    tidy = read_csv(tmp_path / "summary.csv")
+    assert set(tidy.loc[tidy["clip"] == "0.1", "baseline"]) == {"clip=null clipping=none"}
+    assert S.main([str(tmp_path), "--baseline", "clip=null,clipping=zclip"]) == 2
+    assert capsys.readouterr().err == ("error: --baseline clipping=zclip: no run has "
+                                       "clipping=zclip (clipping values: agc, none)\n")
+    with pytest.raises(SystemExit):
+        S.main([str(tmp_path), "--baseline", "clip=null,clip=0.1"])
+    assert "each key once" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------
