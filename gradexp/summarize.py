@@ -40,7 +40,7 @@ METRICS: dict[str, str | None] = {
     "final_loss": "lower",
     "val_loss": "lower",
     "val_accuracy": "higher",
-    "loss_spikes": "lower",
+    "loss_spike_rate": "lower",
     "mean_loss": "lower",
     "grad_norm_mean": None,
     "grad_norm_cv": "lower",
@@ -49,12 +49,13 @@ METRICS: dict[str, str | None] = {
     "clip_fraction": None,
     "steps_to_target": "lower",
 }
+RUN_EXTRAS = ["loss_spikes", "measured_steps"]  # in runs.csv: the rate's numerator, denominator
 COUNTS = ("runs", "completed", "diverged", "failed", "incomplete")
 # summary.csv, one row per group × metric: the group's keys and label, then these
 SUMMARY_COLUMNS = ["metric", "better", "n", "mean", "std", "ci_low", "ci_high",
                    "baseline", "n_paired", "n_diff", "diff_mean", "diff_ci_low", "diff_ci_high",
                    "wins", "ties", "win_rate", *COUNTS, "divergence_rate", "target_loss"]
-PRINTED = ("final_loss", "val_accuracy", "loss_spikes", "grad_norm_cv", "steps_to_target",
+PRINTED = ("final_loss", "val_accuracy", "loss_spike_rate", "grad_norm_cv", "steps_to_target",
            "clip_fraction")
 
 
@@ -421,6 +422,13 @@ def loss_spikes(loss: np.ndarray, factor: float = 2.0, window: int = 20,
     return float(np.sum((loss[1:] > factor * preceding_mean) & (rise > min_rise * loss[0])))
 
 
+def loss_spike_rate(loss: np.ndarray, factor: float = 2.0, window: int = 20,
+                    min_rise: float = 0.05) -> float:
+    """100 · loss_spikes / n: spikes per 100 of the n measured steps (a run that diverges early
+    has fewer steps to spike in). NaN without steps."""
+    return 100 * loss_spikes(loss, factor, window, min_rise) / len(loss) if len(loss) else math.nan
+
+
 def mean_loss(loss: np.ndarray) -> float:
     """mean(loss_t) over all the steps."""
     return float(np.mean(loss)) if len(loss) else math.nan
@@ -475,22 +483,22 @@ def steps_to_target(loss: np.ndarray, steps: np.ndarray, target: float,
 
 def run_metrics(table: pd.DataFrame, settings: Settings = DEFAULTS, divergence_factor=1000.0,
                 reported_diverged_step: float = math.nan, target_loss: float = math.nan) -> dict:
-    """Every metric of one run's table (one row per step). All but `diverged` and
-    `diverged_step` are measured on the steps before the divergence."""
+    """Every metric of one run's table (one row per step), and RUN_EXTRAS. All but `diverged`
+    and `diverged_step` are measured on the steps before the divergence."""
     diverged_at = table_divergence_step(table, divergence_factor, reported_diverged_step)
     part = steps_before_divergence(table, diverged_at)
     loss = part[LOSS].to_numpy(float)
     norm = part[GRAD_NORM].to_numpy(float) if GRAD_NORM in part else np.array([])
     column = {c: part[c].to_numpy(float) if c in part else np.array([])
               for c in ("loss/val", "accuracy/val")}
+    spike_settings = settings.spike_factor, settings.spike_window, settings.spike_min_rise
     return {
         "diverged": float(not math.isnan(diverged_at)),
         "diverged_step": diverged_at,
         "final_loss": final_loss(loss, settings.final_fraction),
         "val_loss": last_evaluated(column["loss/val"]),
         "val_accuracy": last_evaluated(column["accuracy/val"]),
-        "loss_spikes": loss_spikes(loss, settings.spike_factor, settings.spike_window,
-                                   settings.spike_min_rise),
+        "loss_spike_rate": loss_spike_rate(loss, *spike_settings),
         "mean_loss": mean_loss(loss),
         "grad_norm_mean": grad_norm_mean(norm),
         "grad_norm_cv": grad_norm_cv(norm),
@@ -499,6 +507,8 @@ def run_metrics(table: pd.DataFrame, settings: Settings = DEFAULTS, divergence_f
         "clip_fraction": clip_fraction(part),
         "steps_to_target": steps_to_target(loss, part["step"].to_numpy(), target_loss,
                                            settings.spike_window),
+        "loss_spikes": loss_spikes(loss, *spike_settings),
+        "measured_steps": len(loss),
     }
 
 
@@ -524,7 +534,8 @@ def per_run_table(runs: list[Run], keys: list[str], settings: Settings,
             if run.metrics is not None else {} for run in runs]
     table = pd.concat([pd.DataFrame({"run": [r.name for r in runs],
                                      "status": [r.status for r in runs]}),
-                       group_values(runs, keys), pd.DataFrame(rows, columns=list(METRICS))],
+                       group_values(runs, keys),
+                       pd.DataFrame(rows, columns=[*METRICS, *RUN_EXTRAS])],
                       axis=1)
     table["target_loss"] = target_losses(table, keys, baseline, settings.target_loss)
     for i, run in enumerate(runs):

@@ -89,7 +89,8 @@ def test_metrics_of_one_run(tmp_path):
     assert m["final_loss"] == pytest.approx((0.5 + 2.5 + 0.6) / 3)  # last 3 of 10 steps
     assert m["mean_loss"] == pytest.approx(25.1 / 10)
     # window 3, factor 2: step 4 (8 > 2·mean(4,3,2) = 6) and step 9 (2.5 > 2·mean(1,0.5,1) = 2)
-    assert m["loss_spikes"] == 2
+    assert m["loss_spikes"] == 2 and m["measured_steps"] == 10
+    assert m["loss_spike_rate"] == pytest.approx(100 * 2 / 10)  # per 100 measured steps
     # trailing means over 3 steps: 4, 3.5, 3, 4.33, 4, 3.83, 1.5 (step 7) <= 1.5
     assert m["steps_to_target"] == 7
     # norms: mean 5, population variance (9+1+1+1+0+0+4+16+0+0)/10 = 3.2
@@ -111,6 +112,8 @@ def test_default_settings_and_edge_values():
     # twice the trailing mean, but a rise of 0.009 < 0.05 × the first loss: noise, not a spike
     tiny = np.array([1.0, 0.001, 0.001, 0.01])
     assert S.loss_spikes(tiny, window=2) == 0 and S.loss_spikes(tiny, window=2, min_rise=0) == 1
+    assert S.loss_spike_rate(tiny, window=2, min_rise=0) == 25  # 1 spike in 4 steps
+    assert math.isnan(S.loss_spike_rate(np.array([])))
     steps = pd.Series(range(1, 11))
     assert S.steps_to_target(loss, steps, 1.4, window=3) == 8  # (1.5 + 1 + 0.5) / 3 = 1
     assert S.steps_to_target(loss, steps, 0.5, window=1) == 8
@@ -140,6 +143,20 @@ def test_divergence(tmp_path, losses, norms, factor, step):
     else:  # diverged at its first step: nothing to measure (no spikes is not "0 spikes")
         assert math.isnan(m["mean_loss"]) and math.isnan(m["final_loss"])
         assert math.isnan(m["loss_spikes"]) and math.isnan(m["grad_norm_cv"])
+        assert math.isnan(m["loss_spike_rate"]) and m["measured_steps"] == 0
+
+
+def test_spike_rate_counts_only_the_steps_before_divergence(tmp_path):
+    """One spike (step 3: 4 > 2 · mean(1, 1)) in the 4 steps before a NaN at step 5: 25 per 100
+    steps; the same spike in a run of 100 finite steps: 1 per 100."""
+    write_run(tmp_path / "short", [], [1, 1, 4, 1, math.nan])
+    write_run(tmp_path / "long", [], [1, 1, 4] + [1] * 97)
+    runs_table, _ = S.summarize(S.load_runs(tmp_path)[0])
+    rows = runs_table.set_index("run")
+    assert rows.loc["short", ["loss_spikes", "measured_steps", "loss_spike_rate"]].tolist() == [
+        1, 4, 25]
+    assert rows.loc["long", ["loss_spikes", "measured_steps", "loss_spike_rate"]].tolist() == [
+        1, 100, 1]
 
 
 def test_reported_divergence_counts_even_when_the_rows_look_fine(tmp_path):
@@ -379,7 +396,7 @@ def test_event_files_are_read_when_there_is_no_metrics_csv(tmp_path):
     assert set(loaded.metrics.columns) == {"step", "loss/train", "grad_norm/global",
                                            "clip_fraction/dense_1", "loss/val", "accuracy/val"}
     m = S.run_metrics(loaded.metrics, S.Settings(spike_window=3))
-    assert m["loss_spikes"] == 2 and m["grad_norm_cv"] == pytest.approx(math.sqrt(3.2) / 5)
+    assert m["loss_spike_rate"] == 20 and m["grad_norm_cv"] == pytest.approx(math.sqrt(3.2) / 5)
     assert m["clip_fraction"] == 0.25 and m["val_accuracy"] == 0.75
 
 
