@@ -54,7 +54,8 @@ COUNTS = ("runs", "completed", "diverged", "failed", "incomplete")
 # summary.csv, one row per group × metric: the group's keys and label, then these
 SUMMARY_COLUMNS = ["metric", "better", "n", "mean", "std", "ci_low", "ci_high",
                    "baseline", "n_paired", "n_diff", "diff_mean", "diff_ci_low", "diff_ci_high",
-                   "wins", "ties", "win_rate", *COUNTS, "divergence_rate", "target_loss"]
+                   "wins", "ties", "losses", "win_rate", "sign_p", *COUNTS, "divergence_rate",
+                   "divergence_ci_low", "divergence_ci_high", "target_loss"]
 PRINTED = ("final_loss", "val_accuracy", "loss_spike_rate", "grad_norm_cv", "steps_to_target",
            "clip_fraction")
 
@@ -574,6 +575,32 @@ def t_interval(mean: Any, std: Any, n: Any) -> tuple[Any, Any]:
     return mean - half, mean + half
 
 
+def clopper_pearson(k: Any, n: Any) -> tuple[Any, Any]:
+    """Exact 95% interval of a rate of k in n: [B⁻¹(0.025; k, n−k+1), B⁻¹(0.975; k+1, n−k)], the
+    lower end 0 for k = 0 and the upper 1 for k = n (B⁻¹: the inverse of the regularized
+    incomplete beta function); NaN for n = 0. Vectorized over arrays."""
+    from scipy.special import betaincinv  # not scipy.stats: ~1 s to import
+
+    k, n = np.asarray(k, float), np.asarray(n, float)
+    with np.errstate(invalid="ignore"):
+        low = np.where(k > 0, betaincinv(np.maximum(k, 1e-300), n - k + 1, 0.025), 0.0)
+        high = np.where(k < n, betaincinv(k + 1, np.maximum(n - k, 1e-300), 0.975), 1.0)
+    return np.where(n > 0, low, np.nan), np.where(n > 0, high, np.nan)
+
+
+def sign_test(wins: Any, losses: Any) -> Any:
+    """Exact two-sided sign test of wins against losses (ties left out): p = min(1, 2 · P(X ≤
+    min(wins, losses))), X ~ Binomial(wins + losses, 1/2); 1 without either. On 0/1 values
+    (`diverged`) this is the exact McNemar test on the discordant pairs. Vectorized."""
+    from scipy.special import betainc  # P(X ≤ k) = I_{1/2}(m − k, k + 1) for k < m
+
+    wins, losses = np.asarray(wins, float), np.asarray(losses, float)
+    k, m = np.minimum(wins, losses), wins + losses
+    with np.errstate(invalid="ignore"):
+        tail = np.where(k < m, betainc(np.maximum(m - k, 1e-300), k + 1, 0.5), 1.0)
+    return np.where(np.isnan(m), np.nan, np.minimum(1.0, 2 * tail))
+
+
 def per_seed_values(runs_table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """The measured runs' metrics, one row per (group, seed): the mean of a group's runs that
     share a seed (normally there is one)."""
@@ -582,33 +609,33 @@ def per_seed_values(runs_table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def group_counts(runs_table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per group: runs, completed (finished, not diverged), diverged, failed, incomplete (killed
-    or still running, not diverged) and divergence_rate = diverged / (runs − failed)."""
+    """Per group: runs, completed (finished, not diverged), diverged, failed and incomplete
+    (killed or still running, not diverged)."""
     failed = runs_table["status"] == "failed"
     diverged = (runs_table["diverged"] == 1) & ~failed
     finished = runs_table["status"].isin(["completed", "diverged"])
     outcome = pd.DataFrame({
         "runs": 1, "completed": finished & ~diverged, "diverged": diverged, "failed": failed,
         "incomplete": ~finished & ~failed & ~diverged}).astype(int)
-    counts = outcome.groupby([runs_table[k] for k in keys], sort=False).sum()
-    measured = counts["runs"] - counts["failed"]
-    counts["divergence_rate"] = (counts["diverged"] / measured).where(measured > 0)
-    return counts
+    return outcome.groupby([runs_table[k] for k in keys], sort=False).sum()
 
 
 def compare(per_seed: pd.DataFrame, keys: list[str],
             baseline: dict[str, str]) -> pd.DataFrame:
-    """One row per (group, metric): n seeds, mean, std and 95% interval over seeds; and against
-    the matching baseline group (same values of the other keys, every baseline key at its
-    baseline value),
-    over the seeds both groups have: the paired differences d_s = group_s − baseline_s (mean,
-    95% interval), and the win rate = wins / paired seeds, a win being a seed where the group
-    is better (a missing value, e.g. target never reached, counts as worse than any value;
-    equal values are ties, not wins)."""
+    """One row per (group, metric): n seeds, mean, std and 95% interval over seeds (for
+    `diverged`, Clopper–Pearson's); and against the matching baseline group (same values of the
+    other keys, every baseline key at its baseline value), over the seeds both groups have: the
+    paired differences d_s = group_s − baseline_s (mean; 95% t interval but for `diverged`),
+    wins, ties, losses, win rate = wins / paired seeds and the sign test of wins against losses,
+    a win being a seed where the group is better (a missing value, e.g. target never reached,
+    counts as worse than any value; equal values are ties)."""
     long = per_seed.melt(ignore_index=False, var_name="metric").reset_index()
     by = [*keys, "metric"]
     stats = long.groupby(by, sort=False)["value"].agg(n="count", mean="mean", std="std")
     stats["ci_low"], stats["ci_high"] = t_interval(stats["mean"], stats["std"], stats["n"])
+    rate = stats.index.get_level_values("metric") == "diverged"  # 0/1: no t interval
+    stats.loc[rate, "ci_low"], stats.loc[rate, "ci_high"] = clopper_pearson(
+        (stats["mean"] * stats["n"])[rate].round(9), stats["n"][rate])
     stats.insert(0, "better", stats.index.get_level_values("metric").map(METRICS))
     if not baseline:
         return stats.reset_index()
@@ -628,9 +655,13 @@ def compare(per_seed: pd.DataFrame, keys: list[str],
         ties=("tie", "sum"))
     diff["diff_ci_low"], diff["diff_ci_high"] = t_interval(diff["diff_mean"], diff["diff_std"],
                                                            diff["n_diff"])
-    has_better = diff.index.get_level_values("metric").map(METRICS).notna()
+    metric = diff.index.get_level_values("metric")
+    diff.loc[metric == "diverged", ["diff_ci_low", "diff_ci_high"]] = np.nan
+    has_better = metric.map(METRICS).notna()
+    diff["losses"] = diff["n_paired"] - diff["wins"] - diff["ties"]
     diff["win_rate"] = (diff["wins"] / diff["n_paired"]).where(has_better)
-    diff.loc[~has_better, ["wins", "ties"]] = np.nan
+    diff["sign_p"] = sign_test(diff["wins"], diff["losses"])
+    diff.loc[~has_better, ["wins", "ties", "losses", "sign_p"]] = np.nan
     return stats.join(diff.drop(columns="diff_std")).reset_index()
 
 
@@ -674,6 +705,9 @@ def summarize(runs: list[Run], settings: Settings = DEFAULTS,
     tidy["better"] = tidy["metric"].map(METRICS)
     tidy["n"] = tidy["n"].fillna(0).astype(int)
     tidy = tidy.merge(counts.reset_index(), on=keys, how="left")
+    rate = tidy.loc[tidy["metric"] == "diverged", [*keys, "mean", "ci_low", "ci_high"]]
+    tidy = tidy.merge(rate.set_axis([*keys, "divergence_rate", "divergence_ci_low",
+                                     "divergence_ci_high"], axis=1), on=keys, how="left")
     tidy["group"] = [_label(dict(zip(keys, row, strict=True))) for row in tidy[keys].to_numpy()]
     return runs_table, tidy.reindex(columns=[*keys, "group", *SUMMARY_COLUMNS])
 
@@ -722,13 +756,25 @@ def _mean_cell(row: pd.Series, seeds: int) -> str:
     return cell + (f" [n={row['n']}]" if row["n"] < seeds else "")
 
 
+def _rate_cell(row: pd.Series) -> str:
+    """`k/n [low, high]`: seeds diverged of seeds measured, the exact 95% interval."""
+    if row["n"] == 0:
+        return "—"
+    diverged = _number(row["mean"] * row["n"])
+    return f"{diverged}/{row['n']} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+
+
 def _diff_cell(row: pd.Series, baseline: dict[str, str]) -> str:
-    """`Δmean±half-width wins/pairs`; `base` in the baseline group itself."""
+    """`Δmean±half-width wins/pairs`, for `diverged` `Δrate (k saved, l lost, p=sign test)`;
+    `base` in a baseline group."""
     if all(row[k] == v for k, v in baseline.items()):
         return "base"
     if pd.isna(row.get("n_paired")) or not row["n_paired"]:
         return "no pair"
     cell = "—" if pd.isna(row["diff_mean"]) else _signed(row["diff_mean"])
+    if row.name == "diverged":
+        return (f"{cell} ({int(row['wins'])} saved, {int(row['losses'])} lost, "
+                f"p={_number(row['sign_p'], 2)})")
     if not pd.isna(row["diff_ci_high"]):
         cell += f"±{_number(row['diff_ci_high'] - row['diff_mean'], 2)}"
     if not pd.isna(row["win_rate"]):
@@ -738,20 +784,21 @@ def _diff_cell(row: pd.Series, baseline: dict[str, str]) -> str:
 
 def group_table(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],
                 metrics=PRINTED) -> pd.DataFrame:
-    """One row per group: its varying keys, runs, diverged/measured, then per metric
-    `mean±half-width` of the 95% interval over seeds and, against the baseline,
-    `Δmean±half-width wins/paired seeds`."""
+    """One row per group: its varying keys, runs, diverged seeds/measured seeds [95% interval]
+    (and against the baseline: Δ rate, seeds saved and lost, sign test), then per metric
+    `mean±half-width` of the 95% interval over seeds and `Δmean±half-width wins/pairs`."""
     shown = varying_keys(tidy, keys, baseline)
     rows = []
     for _, group in tidy.groupby("group", sort=False):
         first = group.iloc[0]
-        measured = int(first["runs"] - first["failed"])
         row = {k: first[k] for k in shown}
         row["runs"] = int(first["runs"])
-        row["diverged"] = f"{int(first['diverged'])}/{measured}"
         by_metric = group.set_index("metric")
+        row["diverged"] = _rate_cell(by_metric.loc["diverged"])
+        if baseline:
+            row["Δ diverged"] = _diff_cell(by_metric.loc["diverged"], baseline)
         for metric in metrics:
-            row[metric] = _mean_cell(by_metric.loc[metric], measured)
+            row[metric] = _mean_cell(by_metric.loc[metric], by_metric.at["diverged", "n"])
             if baseline and METRICS[metric] is not None:
                 row[f"Δ {metric}"] = _diff_cell(by_metric.loc[metric], baseline)
         row["notes"] = ", ".join(f"{int(first[c])} {c}" for c in ("failed", "incomplete")
@@ -763,8 +810,8 @@ def group_table(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],
 
 def metric_table(tidy: pd.DataFrame, keys: list[str], metric: str,
                  baseline: dict[str, str]) -> pd.DataFrame:
-    """One metric, one row per group: n, mean, 95% CI; Δ vs baseline, its CI, wins, ties and
-    win rate over the paired seeds."""
+    """One metric, one row per group: n, mean, 95% CI; Δ vs baseline, its CI, wins, ties,
+    losses, win rate and sign test over the paired seeds."""
     rows = tidy[tidy["metric"] == metric]
     shown = varying_keys(tidy, keys, baseline)
     table = rows[shown].copy()
@@ -778,9 +825,11 @@ def metric_table(tidy: pd.DataFrame, keys: list[str], metric: str,
         table["Δ 95% CI"] = [_interval(lo, hi) for lo, hi in zip(
             rows["diff_ci_low"], rows["diff_ci_high"], strict=True)]
         if METRICS[metric] is not None:
-            table["wins"], table["ties"] = rows["wins"].map(_number), rows["ties"].map(_number)
+            for column in ("wins", "ties", "losses"):
+                table[column] = rows[column].map(_number)
             table["win rate"] = rows["win_rate"].map(
                 lambda x: "—" if pd.isna(x) else f"{100 * x:.0f}%")
+            table["sign p"] = rows["sign_p"].map(lambda x: _number(x, 2))
     return table
 
 
@@ -820,7 +869,9 @@ def _comparison_note(baseline: dict[str, str], settings: Settings) -> str:
               "target loss: the worst final loss of the matching baseline group's seeds")
     return (f"Baseline {setting}: each group against the group with the same other values "
             f"and {setting}, paired by seed; Δ = group − baseline, mean ± 95% t interval "
-            f"over paired seeds; {target}.")
+            f"over paired seeds, wins/pairs; diverged: seeds diverged/seeds [exact 95% "
+            f"interval], Δ diverged: difference of the rates over paired seeds, seeds saved "
+            f"(baseline diverged, group did not) and lost, p of the exact sign test; {target}.")
 
 
 # ---------------------------------------------------------------------------------------------

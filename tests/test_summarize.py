@@ -199,6 +199,7 @@ def test_paired_differences_interval_and_win_rate(tmp_path):
     assert row["diff_mean"] == pytest.approx(np.mean(diffs))
     assert (row["diff_ci_low"], row["diff_ci_high"]) == pytest.approx(t_interval(diffs))
     assert (row["wins"], row["ties"], row["win_rate"]) == (2, 0, pytest.approx(2 / 3))
+    assert row["losses"] == 1 and row["sign_p"] == 1  # 2 · P(X ≤ 1), X ~ Bin(3, 1/2) = 2 · 4/8
     # the baseline group itself is not compared; no-direction metrics have no win rate
     base_row = tidy[(tidy["clip"] == "null") & (tidy["metric"] == "final_loss")].iloc[0]
     assert math.isnan(base_row["diff_mean"]) and math.isnan(base_row["win_rate"])
@@ -206,6 +207,48 @@ def test_paired_differences_interval_and_win_rate(tmp_path):
     assert math.isnan(clip_row["win_rate"]) and clip_row["diff_mean"] == 0
     # counts
     assert (row["runs"], row["completed"], row["diverged"], row["failed"]) == (4, 4, 0, 0)
+
+
+def test_clopper_pearson_and_sign_test_by_hand():
+    # k = 0 and k = n have closed forms: 1 − 0.025^(1/n) and 0.025^(1/n)
+    assert S.clopper_pearson(0, 5) == pytest.approx((0, 1 - 0.025 ** (1 / 5)))  # (0, 0.5218)
+    assert S.clopper_pearson(5, 5) == pytest.approx((0.025 ** (1 / 5), 1))  # (0.4782, 1)
+    low, high = S.clopper_pearson([4, 2], [5, 5])
+    assert low == pytest.approx(scipy.stats.beta.ppf(0.025, [4, 2], [2, 4]))  # 0.2836, 0.0527
+    assert high == pytest.approx(scipy.stats.beta.ppf(0.975, [5, 3], [1, 3]))  # 0.9949, 0.8534
+    assert np.isnan(S.clopper_pearson(0, 0)).all()
+    # two-sided, 2 · P(X ≤ min): 3 vs 1, 2 · (1 + 4) / 16; 4 vs 0, 2 · 1 / 16; 2 vs 3,
+    # 2 · (1 + 5 + 10) / 32 = 1; no wins nor losses, 1
+    assert S.sign_test([3, 4, 2, 0], [1, 0, 3, 0]) == pytest.approx([10 / 16, 2 / 16, 1, 1])
+
+
+def test_divergence_rate_interval_and_saved_lost_seeds(tmp_path):
+    """Baseline seeds diverge 1,1,1,1,0 and the clipped group's 0,0,1,0,1: 4/5 against 2/5;
+    seeds 0, 1, 3 saved, seed 4 lost, seed 2 a tie; Δ rate −0.4, sign test p = 10/16."""
+    for seed, (base, clipped) in enumerate(zip([1, 1, 1, 1, 0], [0, 0, 1, 0, 1], strict=True)):
+        for clip, bad in (("null", base), ("0.1", clipped)):
+            write_run(tmp_path / f"{clip}_{seed}", [f"clip={clip}", f"seed={seed}"],
+                      [2.0, 1.0, math.nan if bad else 1.0])
+    runs_table, tidy = S.summarize(S.load_runs(tmp_path)[0], baseline={"clip": "null"})
+    rows = tidy[tidy["metric"] == "diverged"].set_index("clip")
+    assert rows.loc["null", "divergence_rate"] == 0.8 and rows.loc["0.1", "divergence_rate"] == 0.4
+    assert (rows.loc["null", "ci_low"], rows.loc["null", "ci_high"]) == pytest.approx(
+        scipy.stats.beta.ppf([0.025, 0.975], [4, 5], [2, 1]))
+    assert (rows.loc["0.1", "divergence_ci_low"], rows.loc["0.1", "divergence_ci_high"]) == (
+        pytest.approx(scipy.stats.beta.ppf([0.025, 0.975], [2, 3], [4, 3])))
+    clipped = rows.loc["0.1"]
+    assert clipped["diff_mean"] == pytest.approx(-0.4) and clipped["n_paired"] == 5
+    assert (clipped["wins"], clipped["ties"], clipped["losses"]) == (3, 1, 1)
+    assert clipped["sign_p"] == pytest.approx(10 / 16)
+    assert math.isnan(clipped["diff_ci_low"])  # no t interval on 0/1 values
+    # every row of a group carries its divergence rate and interval
+    group = tidy[tidy["clip"] == "0.1"]
+    assert (group["divergence_rate"] == 0.4).all() and group["divergence_ci_low"].nunique() == 1
+    printed = S.group_table(tidy, ["clip"], {"clip": "null"}).set_index("clip")
+    assert printed.loc["null", "diverged"] == "4/5 [0.28, 0.99]"
+    assert printed.loc["0.1", "diverged"] == "2/5 [0.05, 0.85]"
+    assert printed.loc["0.1", "Δ diverged"] == "-0.4 (3 saved, 1 lost, p=0.62)"
+    assert printed.loc["null", "Δ diverged"] == "base"
 
 
 def test_each_group_meets_its_own_baseline_and_target(tmp_path):
