@@ -551,11 +551,13 @@ def per_run_table(runs: list[Run], keys: list[str], settings: Settings,
 def target_losses(table: pd.DataFrame, keys: list[str], baseline: dict[str, str],
                   fixed: float | None) -> np.ndarray:
     """The target of each run's `steps_to_target`: `fixed` if given, else the largest final
-    loss among its matching baseline group's runs (a loss every baseline run gets down to, so
-    the baseline itself is measured too); NaN without a baseline."""
+    loss among its matching baseline group's runs that did not diverge (a loss each of them
+    gets down to; a diverged run's final loss is the one before its blow-up, any height); NaN
+    without a baseline, or if every run of the baseline group diverged."""
     if fixed is not None or not baseline:
         return np.full(len(table), math.nan if fixed is None else float(fixed))
-    worst = table.groupby(keys, sort=False)["final_loss"].max().reset_index()
+    finite = table[table["diverged"] == 0]
+    worst = finite.groupby(keys, sort=False)["final_loss"].max().reset_index()
     partner = table[keys].assign(**baseline)
     return partner.merge(worst, on=keys, how="left")["final_loss"].to_numpy(float)
 
@@ -866,7 +868,8 @@ def _comparison_note(baseline: dict[str, str], settings: Settings) -> str:
         return "No baseline (pass --baseline KEY=VALUE): no comparisons."
     setting = ",".join(f"{k}={v}" for k, v in baseline.items())
     target = (f"target loss {settings.target_loss}" if settings.target_loss is not None else
-              "target loss: the worst final loss of the matching baseline group's seeds")
+              "target loss: the worst final loss of the matching baseline group's runs that "
+              "did not diverge")
     return (f"Baseline {setting}: each group against the group with the same other values "
             f"and {setting}, paired by seed; Δ = group − baseline, mean ± 95% t interval "
             f"over paired seeds, wins/pairs; diverged: seeds diverged/seeds [exact 95% "
@@ -891,8 +894,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the baseline setting (default: each of clip=null, clipping=none "
                              "whose key is swept and whose value a run has)")
     parser.add_argument("--target-loss", type=float, metavar="LOSS",
-                        help="the loss of steps_to_target (default: from the matching baseline "
-                             "group's final losses)")
+                        help="the loss of steps_to_target (default: the largest final loss of "
+                             "the matching baseline group's runs that did not diverge)")
     parser.add_argument("--final-fraction", type=_fraction, default=0.1, metavar="F",
                         help="final_loss averages the last F of the steps (default: 0.1)")
     parser.add_argument("--spike-factor", type=_positive(float), default=2.0, metavar="X",

@@ -282,6 +282,30 @@ def test_each_group_meets_its_own_baseline_and_target(tmp_path):
     assert reach.loc[("0.1", "1"), "n"] == 0
 
 
+def test_default_target_leaves_out_diverged_baseline_runs(tmp_path):
+    """scale 1: the baseline's seed 0 diverges (NaN at step 3) after a loss of 50, seeds 1 and 2
+    end at 3 and 2: the target is 3, not 50. scale 3: every baseline run diverges: no target."""
+    curves = {("null", "1"): [[6, 50, math.nan], [6, 5, 4, 3], [6, 5, 4, 2]],
+              ("0.1", "1"): [[6, 5, 4, 3]] * 3,
+              ("null", "3"): [[6, 50, math.nan]] * 3, ("0.1", "3"): [[6, 5, 4, 1]] * 3}
+    for (clip, scale), per_seed in curves.items():
+        for seed, losses in enumerate(per_seed):
+            write_run(tmp_path / f"{clip}_{scale}_{seed}",
+                      [f"clip={clip}", f"layer.scale={scale}", f"seed={seed}"], losses)
+    runs_table, tidy = S.summarize(S.load_runs(tmp_path)[0], S.Settings(spike_window=1),
+                                   baseline={"clip": "null"})
+    rows = runs_table.set_index(["clip", "layer.scale", "seed"])
+    assert rows.loc[("null", "1", "0"), "final_loss"] == 50  # before the blow-up
+    assert (rows.xs("1", level="layer.scale")["target_loss"] == 3).all()
+    assert rows.loc[("0.1", "1", "0"), "steps_to_target"] == 4  # 3 <= 3 at step 4
+    assert math.isnan(rows.loc[("null", "1", "0"), "steps_to_target"])  # 6, 50: never
+    assert rows.loc[("null", "1", "2"), "steps_to_target"] == 4  # 6, 5, 4 > 3; 2 <= 3
+    assert rows.xs("3", level="layer.scale")["target_loss"].isna().all()
+    assert rows.xs("3", level="layer.scale")["steps_to_target"].isna().all()
+    targets = tidy.set_index(["clip", "layer.scale"])["target_loss"]
+    assert targets[("0.1", "1")].iloc[0] == 3 and targets[("0.1", "3")].isna().all()
+
+
 def test_group_values_from_overrides_and_config(tmp_path):
     """Seed and Hydra's keys do not group; a run without a clip override takes its config's
     value, spelled as the other runs wrote it; a config group counts by its name."""
