@@ -56,8 +56,6 @@ SUMMARY_COLUMNS = ["metric", "better", "n", "mean", "std", "ci_low", "ci_high",
                    "baseline", "n_paired", "n_diff", "diff_mean", "diff_ci_low", "diff_ci_high",
                    "wins", "ties", "losses", "win_rate", "sign_p", *COUNTS, "divergence_rate",
                    "divergence_ci_low", "divergence_ci_high", "target_loss"]
-PRINTED = ("final_loss", "val_accuracy", "loss_spike_rate", "grad_norm_cv", "steps_to_target",
-           "clip_fraction")
 
 
 @dataclass(frozen=True)
@@ -784,12 +782,25 @@ def _diff_cell(row: pd.Series, baseline: dict[str, str]) -> str:
     return cell
 
 
+def printed_metrics(tidy: pd.DataFrame) -> list[str]:
+    """The metrics of the printed table: `val_accuracy`, or `val_loss` if no group has an
+    accuracy (regression), or both if only some groups have one."""
+    def measured(metric: str) -> np.ndarray:  # per group: does some seed have a value
+        return tidy.loc[tidy["metric"] == metric, "n"].to_numpy() > 0
+
+    accuracy, loss = measured("val_accuracy"), measured("val_loss")
+    val = (["val_loss"] if not accuracy.any() else
+           ["val_accuracy"] if (accuracy | ~loss).all() else ["val_loss", "val_accuracy"])
+    return ["final_loss", *val, "loss_spike_rate", "grad_norm_cv", "steps_to_target",
+            "clip_fraction"]
+
+
 def group_table(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],
-                metrics=PRINTED) -> pd.DataFrame:
+                metrics: list[str] | None = None) -> pd.DataFrame:
     """One row per group: its varying keys, runs, diverged seeds/measured seeds [95% interval]
     (and against the baseline: Δ rate, seeds saved and lost, sign test), then per metric
     `mean±half-width` of the 95% interval over seeds and `Δmean±half-width wins/pairs`."""
-    shown = varying_keys(tidy, keys, baseline)
+    shown, metrics = varying_keys(tidy, keys, baseline), metrics or printed_metrics(tidy)
     rows = []
     for _, group in tidy.groupby("group", sort=False):
         first = group.iloc[0]

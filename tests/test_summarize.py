@@ -393,6 +393,25 @@ def test_baseline_option_takes_several_pairs(tmp_path, capsys):
     assert "each key once" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("accuracy", "shown"), [
+    ({"null": None, "0.1": None}, ["val_loss"]),  # regression
+    ({"null": 0.5, "0.1": 0.75}, ["val_accuracy"]),  # classification
+    ({"null": 0.5, "0.1": None}, ["val_loss", "val_accuracy"]),  # some groups have one
+], ids=["regression", "classification", "mixed"])
+def test_printed_validation_metric(tmp_path, accuracy, shown):
+    for clip, acc in accuracy.items():
+        for seed, val_loss in enumerate([1.0, 3.0]):
+            write_run(tmp_path / f"{clip}_{seed}", [f"clip={clip}", f"seed={seed}"],
+                      ending_at(1.0), val={10: (val_loss, acc)})
+    _, tidy = S.summarize(S.load_runs(tmp_path)[0], baseline={"clip": "null"})
+    table = S.group_table(tidy, ["clip"], {"clip": "null"}).set_index("clip")
+    assert [c for c in table.columns if c.startswith("val_")] == shown
+    assert [c for c in table.columns if c.startswith("Δ val_")] == [f"Δ {c}" for c in shown]
+    if "val_loss" in shown:  # mean 2 ± t(0.975, 1) · √2 / √2 = 12.7
+        assert table.loc["0.1", "val_loss"] == "2±13"
+        assert table.loc["0.1", "Δ val_loss"] == "+0±0 0/2"  # two ties
+
+
 # ---------------------------------------------------------------------------------------------
 # Unreadable, failed and unfinished runs
 
