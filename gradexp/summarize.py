@@ -47,6 +47,7 @@ METRICS: dict[str, str | None] = {
     "grad_norm_p99_p50": "lower",
     "grad_norm_max": "lower",
     "clip_fraction": None,
+    "param_clip_fraction": None,
     "steps_to_target": "lower",
 }
 RUN_EXTRAS = ["loss_spikes", "measured_steps"]  # in runs.csv: the rate's numerator, denominator
@@ -470,6 +471,14 @@ def clip_fraction(table: pd.DataFrame) -> float:
     return float(np.mean([table[c].to_numpy(float) for c in columns]))  # no DataFrame copy
 
 
+def param_clip_fraction(table: pd.DataFrame) -> float:
+    """mean_t param_clip/clipped_t: the share of steps on which the parameter-clipping method
+    changed the gradients; NaN without that column (runs from before it was logged)."""
+    if "param_clip/clipped" not in table or not len(table):
+        return math.nan
+    return float(np.mean(table["param_clip/clipped"].to_numpy(float)))
+
+
 def steps_to_target(loss: np.ndarray, steps: np.ndarray, target: float,
                     window: int = 20) -> float:
     """The first step t with mean(loss_{t-window+1} … loss_t) ≤ target (a trailing mean over up
@@ -504,6 +513,7 @@ def run_metrics(table: pd.DataFrame, settings: Settings = DEFAULTS, divergence_f
         "grad_norm_p99_p50": grad_norm_p99_p50(norm),
         "grad_norm_max": grad_norm_max(norm),
         "clip_fraction": clip_fraction(part),
+        "param_clip_fraction": param_clip_fraction(part),
         "steps_to_target": steps_to_target(loss, part["step"].to_numpy(), target_loss,
                                            settings.spike_window),
         "loss_spikes": loss_spikes(loss, *spike_settings),
@@ -784,15 +794,17 @@ def _diff_cell(row: pd.Series, baseline: dict[str, str]) -> str:
 
 def printed_metrics(tidy: pd.DataFrame) -> list[str]:
     """The metrics of the printed table: `val_accuracy`, or `val_loss` if no group has an
-    accuracy (regression), or both if only some groups have one."""
+    accuracy (regression), or both if only some groups have one; `param_clip_fraction` if some
+    run logged it."""
     def measured(metric: str) -> np.ndarray:  # per group: does some seed have a value
         return tidy.loc[tidy["metric"] == metric, "n"].to_numpy() > 0
 
     accuracy, loss = measured("val_accuracy"), measured("val_loss")
     val = (["val_loss"] if not accuracy.any() else
            ["val_accuracy"] if (accuracy | ~loss).all() else ["val_loss", "val_accuracy"])
+    param = ["param_clip_fraction"] if measured("param_clip_fraction").any() else []
     return ["final_loss", *val, "loss_spike_rate", "grad_norm_cv", "steps_to_target",
-            "clip_fraction"]
+            "clip_fraction", *param]
 
 
 def group_table(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],

@@ -29,8 +29,9 @@ def _field(value) -> str:
 
 
 def write_run(run_dir, overrides, losses, *, norms=None, fractions=None, val=None,
-              status="completed", summary=None, config=None):
-    """A run directory as gradexp.train leaves it: .hydra/, metrics.csv, summary.json."""
+              status="completed", summary=None, config=None, columns=None):
+    """A run directory as gradexp.train leaves it: .hydra/, metrics.csv, summary.json;
+    `columns`: more per-step columns, {name: values}."""
     cfg = {"clip": None, "seed": 0, "model": {"name": "mlp", "width": 16},
            "clipping": {"name": "none"}, "layer": {"scale": 1.0},
            "trainer": {"steps": len(losses), "divergence_factor": 1000.0}}
@@ -54,12 +55,13 @@ def write_run(run_dir, overrides, losses, *, norms=None, fractions=None, val=Non
     norms = norms if norms is not None else [1.0] * n
     fractions = fractions or {"dense_1": [0.0] * n}
     val = val or {}
-    header = ["step", "loss/train", "grad_norm/global", "learning_rate"]
+    columns = columns or {}
+    header = ["step", "loss/train", "grad_norm/global", "learning_rate", *columns]
     for p in fractions:
         header += [f"grad_norm/{p}/pre", f"grad_norm/{p}/post", f"clip_fraction/{p}"]
     lines = [",".join([*header, "loss/val", "accuracy/val"])]
     for i in range(n):
-        row = [i + 1, float(losses[i]), float(norms[i]), 0.001]
+        row = [i + 1, float(losses[i]), float(norms[i]), 0.001, *(c[i] for c in columns.values())]
         for f in fractions.values():
             row += [1.0, 1.0 - f[i], f[i]]
         row += list(val.get(i + 1, (None, None)))
@@ -100,6 +102,7 @@ def test_metrics_of_one_run(tmp_path):
     assert m["grad_norm_p99_p50"] == pytest.approx(8.82 / 5)
     assert m["clip_fraction"] == pytest.approx((0.1 + 0.25) / 2)  # dense_1 0.1, dense_2 0.25
     assert (m["val_loss"], m["val_accuracy"]) == (1.0, 0.75)  # the last evaluation, step 10
+    assert math.isnan(m["param_clip_fraction"])  # no param_clip/clipped column
 
 
 def test_default_settings_and_edge_values():
@@ -410,6 +413,29 @@ def test_printed_validation_metric(tmp_path, accuracy, shown):
     if "val_loss" in shown:  # mean 2 ± t(0.975, 1) · √2 / √2 = 12.7
         assert table.loc["0.1", "val_loss"] == "2±13"
         assert table.loc["0.1", "Δ val_loss"] == "+0±0 0/2"  # two ties
+
+
+def test_param_clip_fraction(tmp_path):
+    """The share of steps whose parameter gradients were clipped, over the steps before the
+    divergence: clipped 1, 1, 0, 0 before the NaN at step 5: 0.5; printed when logged."""
+    for seed in range(2):
+        write_run(tmp_path / f"none_{seed}", ["clipping=none", f"seed={seed}"], [2, 1, 1, 1, 1],
+                  columns={"param_clip/clipped": [0] * 5})
+        write_run(tmp_path / f"agc_{seed}", ["clipping=agc", f"seed={seed}"],
+                  [2, 1, 1, 1, math.nan], columns={"param_clip/clipped": [1, 1, 0, 0, 1]})
+    runs_table, tidy = S.summarize(S.load_runs(tmp_path)[0], baseline={"clipping": "none"})
+    assert runs_table.set_index("run").loc["agc_0", "param_clip_fraction"] == 0.5
+    row = tidy[tidy["metric"] == "param_clip_fraction"].set_index("clipping").loc["agc"]
+    assert row["mean"] == 0.5 and row["diff_mean"] == 0.5 and math.isnan(row["win_rate"])
+    table = S.group_table(tidy, ["clipping"], {"clipping": "none"}).set_index("clipping")
+    assert table.loc["agc", "param_clip_fraction"] == "0.5±0"
+    assert "Δ param_clip_fraction" not in table  # no "better" direction
+    # runs without the column: NaN, and no column in the printed table
+    (tmp_path / "old").mkdir()
+    write_run(tmp_path / "old" / "a", ["clip=null"], [2, 1])
+    write_run(tmp_path / "old" / "b", ["clip=0.1"], [2, 1])
+    _, tidy = S.summarize(S.load_runs(tmp_path / "old")[0], baseline={"clip": "null"})
+    assert "param_clip_fraction" not in S.group_table(tidy, ["clip"], {"clip": "null"})
 
 
 # ---------------------------------------------------------------------------------------------
