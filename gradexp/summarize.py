@@ -29,27 +29,15 @@ import yaml
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # ~10x faster than pure Python
 DEFAULT_BASELINE = {"clip": "null", "clipping": "none"}
 SEED_KEY, LOSS, GRAD_NORM = "seed", "loss/train", "grad_norm/global"
-REQUIRED_COLUMNS = ("step", LOSS)
 UNSET = "(unset)"  # a swept key that neither a run's overrides nor its config has
 ONE_GROUP = "sweep"  # the key of the single group when no key but the seed was swept
 
-# Each metric and which direction is better (None: no "better", so no win rate).
-METRICS: dict[str, str | None] = {
-    "diverged": "lower",
-    "diverged_step": None,
-    "final_loss": "lower",
-    "val_loss": "lower",
-    "val_accuracy": "higher",
-    "loss_spike_rate": "lower",
-    "mean_loss": "lower",
-    "grad_norm_mean": None,
-    "grad_norm_cv": "lower",
-    "grad_norm_p99_p50": "lower",
-    "grad_norm_max": "lower",
-    "clip_fraction": None,
-    "param_clip_fraction": None,
-    "steps_to_target": "lower",
-}
+METRICS: dict[str, str | None] = {  # each metric, the better direction (None: no wins)
+    "diverged": "lower", "diverged_step": None, "final_loss": "lower", "val_loss": "lower",
+    "val_accuracy": "higher", "loss_spike_rate": "lower", "mean_loss": "lower",
+    "grad_norm_mean": None, "grad_norm_cv": "lower", "grad_norm_p99_p50": "lower",
+    "grad_norm_max": "lower", "clip_fraction": None, "param_clip_fraction": None,
+    "steps_to_target": "lower"}
 RUN_EXTRAS = ["loss_spikes", "measured_steps"]  # in runs.csv: the rate's numerator, denominator
 COUNTS = ("runs", "completed", "diverged", "failed", "incomplete")
 # summary.csv, one row per group × metric: the group's keys and label, then these
@@ -282,7 +270,8 @@ def group_values(runs: list[Run], keys: list[str]) -> pd.DataFrame:
     config value takes the spelling that other runs wrote for the same value (`null`, `0.1`),
     so that `clip=null` and a run without a clip override land in the same group."""
     table = pd.DataFrame(
-        [[_value(run, key) for key in [*keys, SEED_KEY]] for run in runs],
+        [["all" if key == ONE_GROUP else run.overrides[key] if key in run.overrides
+          else _from_config(run.config, key) for key in [*keys, SEED_KEY]] for run in runs],
         columns=[*keys, SEED_KEY], dtype=object)
     for column in table:
         written = {v for run in runs if (v := run.overrides.get(column)) is not None}
@@ -290,12 +279,6 @@ def group_values(runs: list[Run], keys: list[str]) -> pd.DataFrame:
         table.loc[from_config, column] = [_spelled_as(v, written)
                                           for v in table.loc[from_config, column]]
     return table.map(_as_text)
-
-
-def _value(run: Run, key: str) -> Any:
-    if key == ONE_GROUP:
-        return "all"
-    return run.overrides[key] if key in run.overrides else _from_config(run.config, key)
 
 
 def _from_config(config: dict[str, Any], key: str) -> Any:
@@ -309,22 +292,15 @@ def _from_config(config: dict[str, Any], key: str) -> Any:
 
 
 def _spelled_as(value: Any, written: set[str]) -> Any:
+    """`value` as some run wrote it in its overrides (None as `null`), else itself."""
     for text in written:
-        if _parse_scalar(text) == value:
-            return text
-    return value
-
-
-def _parse_scalar(text: str) -> Any:
-    try:
-        value = yaml.load(text, Loader=YAML_LOADER)
-    except yaml.YAMLError:
-        return text
-    if isinstance(value, str):  # YAML 1.1 reads 1e-3 as a string
         try:
-            return float(value)
-        except ValueError:
-            pass
+            parsed = yaml.load(text, Loader=YAML_LOADER)
+            parsed = float(parsed) if isinstance(parsed, str) else parsed  # YAML 1.1: "1e-3"
+        except (yaml.YAMLError, ValueError):
+            parsed = text
+        if parsed == value:
+            return text
     return value
 
 
@@ -393,11 +369,8 @@ def steps_before_divergence(table: pd.DataFrame, diverged_at: float) -> pd.DataF
 
 def final_loss(loss: np.ndarray, fraction: float = 0.1) -> float:
     """mean(loss_t) over the last max(1, ⌊fraction · n⌋) of the n steps (as summary.json)."""
-    loss = np.asarray(loss, float)
-    if not len(loss):
-        return math.nan
     last = max(1, math.floor(fraction * len(loss) + 1e-9))  # 1e-9: 0.1 · 30 is 3.0000000000000004
-    return float(loss[-last:].mean())
+    return float(np.asarray(loss, float)[-last:].mean())
 
 
 def last_evaluated(values: np.ndarray) -> float:
@@ -409,14 +382,10 @@ def last_evaluated(values: np.ndarray) -> float:
 
 def loss_spikes(loss: np.ndarray, factor: float = 2.0, window: int = 20,
                 min_rise: float = 0.05) -> float:
-    """#{t : loss_t > factor · m_t  and  loss_t − m_t > min_rise · loss_1}, where
-    m_t = mean(loss_{t-window} … loss_{t-1}): steps whose loss is more than `factor` times the
-    mean of the (up to) `window` steps before it, by more than `min_rise` of the first loss
-    (so that batch noise on a loss near zero, which doubles easily, is not a spike). The first
-    step is never a spike. NaN without steps (not 0: nothing was measured)."""
+    """#{t ≥ 2 : loss_t > factor · m_t  and  loss_t − m_t > min_rise · loss_1}, m_t the mean of
+    the up-to-`window` losses before step t: a loss `factor` times the recent mean, by more than
+    `min_rise` of the first loss (batch noise on a loss near zero doubles easily)."""
     loss = np.asarray(loss, float)
-    if not len(loss):
-        return math.nan
     preceding_mean = trailing_mean(loss, window)[:-1]  # of steps ≤ t-1, for t = 2 … n
     rise = loss[1:] - preceding_mean
     return float(np.sum((loss[1:] > factor * preceding_mean) & (rise > min_rise * loss[0])))
@@ -425,65 +394,57 @@ def loss_spikes(loss: np.ndarray, factor: float = 2.0, window: int = 20,
 def loss_spike_rate(loss: np.ndarray, factor: float = 2.0, window: int = 20,
                     min_rise: float = 0.05) -> float:
     """100 · loss_spikes / n: spikes per 100 of the n measured steps (a run that diverges early
-    has fewer steps to spike in). NaN without steps."""
-    return 100 * loss_spikes(loss, factor, window, min_rise) / len(loss) if len(loss) else math.nan
+    has fewer steps to spike in)."""
+    return 100 * loss_spikes(loss, factor, window, min_rise) / len(loss)
 
 
 def mean_loss(loss: np.ndarray) -> float:
     """mean(loss_t) over all the steps."""
-    return float(np.mean(loss)) if len(loss) else math.nan
+    return float(np.mean(loss))
 
 
 def grad_norm_mean(norm: np.ndarray) -> float:
     """mean(g) of the global gradient norm g over the steps."""
-    return float(np.mean(norm)) if len(norm) else math.nan
+    return float(np.mean(norm))
 
 
 def grad_norm_cv(norm: np.ndarray) -> float:
     """std(g) / mean(g) of the global gradient norm g over the steps (std with ddof=0)."""
-    norm = np.asarray(norm, float)
-    mean = norm.mean() if len(norm) else math.nan
-    return float(norm.std() / mean) if mean > 0 else math.nan
+    mean = np.mean(norm)
+    return float(np.std(norm) / mean) if mean > 0 else math.nan
 
 
 def grad_norm_p99_p50(norm: np.ndarray) -> float:
     """percentile_99(g) / percentile_50(g) (numpy's linear interpolation): how heavy the tail of
     the gradient norm is compared with its median."""
-    if not len(norm):
-        return math.nan
-    p99, p50 = np.percentile(np.asarray(norm, float), [99, 50])
+    p99, p50 = np.percentile(norm, [99, 50])
     return float(p99 / p50) if p50 > 0 else math.nan
 
 
 def grad_norm_max(norm: np.ndarray) -> float:
     """max(g) over the steps."""
-    return float(np.max(norm)) if len(norm) else math.nan
+    return float(np.max(norm))
 
 
 def clip_fraction(table: pd.DataFrame) -> float:
     """The mean over steps and over every `clip_fraction/<position>` column; 0 without any
     (no clip layer reports clipping)."""
-    columns = [c for c in table.columns if c.startswith("clip_fraction/")]
-    if not columns:
-        return 0.0
-    if not len(table):
-        return math.nan
-    return float(np.mean([table[c].to_numpy(float) for c in columns]))  # no DataFrame copy
+    columns = [table[c].to_numpy(float) for c in table.columns if c.startswith("clip_fraction/")]
+    return float(np.mean(columns)) if columns else 0.0
 
 
 def param_clip_fraction(table: pd.DataFrame) -> float:
     """mean_t param_clip/clipped_t: the share of steps on which the parameter-clipping method
     changed the gradients; NaN without that column (runs from before it was logged)."""
-    if "param_clip/clipped" not in table or not len(table):
-        return math.nan
-    return float(np.mean(table["param_clip/clipped"].to_numpy(float)))
+    clipped = table.get("param_clip/clipped")
+    return math.nan if clipped is None else float(np.mean(clipped.to_numpy(float)))
 
 
 def steps_to_target(loss: np.ndarray, steps: np.ndarray, target: float,
                     window: int = 20) -> float:
     """The first step t with mean(loss_{t-window+1} … loss_t) ≤ target (a trailing mean over up
     to `window` steps, so one lucky batch does not count); NaN if never (or no target)."""
-    if math.isnan(target) or not len(loss):
+    if math.isnan(target):
         return math.nan
     reached = trailing_mean(np.asarray(loss, float), window) <= target
     return float(np.asarray(steps)[np.argmax(reached)]) if reached.any() else math.nan
@@ -492,17 +453,20 @@ def steps_to_target(loss: np.ndarray, steps: np.ndarray, target: float,
 def run_metrics(table: pd.DataFrame, settings: Settings = DEFAULTS, divergence_factor=1000.0,
                 reported_diverged_step: float = math.nan, target_loss: float = math.nan) -> dict:
     """Every metric of one run's table (one row per step), and RUN_EXTRAS. All but `diverged`
-    and `diverged_step` are measured on the steps before the divergence."""
+    and `diverged_step` are measured on the steps before the divergence (none: NaN)."""
     diverged_at = table_divergence_step(table, divergence_factor, reported_diverged_step)
     part = steps_before_divergence(table, diverged_at)
+    divergence = {"diverged": float(not math.isnan(diverged_at)), "diverged_step": diverged_at}
+    if part.empty:  # diverged at its first step: nothing measured (no spikes is not 0 spikes)
+        return {**dict.fromkeys([*METRICS, *RUN_EXTRAS], math.nan), **divergence,
+                "measured_steps": 0}
     loss = part[LOSS].to_numpy(float)
-    norm = part[GRAD_NORM].to_numpy(float) if GRAD_NORM in part else np.array([])
-    column = {c: part[c].to_numpy(float) if c in part else np.array([])
-              for c in ("loss/val", "accuracy/val")}
+    column = {c: part[c].to_numpy(float) if c in part else np.full(len(part), math.nan)
+              for c in (GRAD_NORM, "loss/val", "accuracy/val")}
+    norm = column[GRAD_NORM]
     spike_settings = settings.spike_factor, settings.spike_window, settings.spike_min_rise
     return {
-        "diverged": float(not math.isnan(diverged_at)),
-        "diverged_step": diverged_at,
+        **divergence,
         "final_loss": final_loss(loss, settings.final_fraction),
         "val_loss": last_evaluated(column["loss/val"]),
         "val_accuracy": last_evaluated(column["accuracy/val"]),
@@ -611,13 +575,6 @@ def sign_test(wins: Any, losses: Any) -> Any:
     return np.where(np.isnan(m), np.nan, np.minimum(1.0, 2 * tail))
 
 
-def per_seed_values(runs_table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """The measured runs' metrics, one row per (group, seed): the mean of a group's runs that
-    share a seed (normally there is one)."""
-    measured = runs_table[runs_table["status"] != "failed"]
-    return measured.groupby([*keys, SEED_KEY], sort=False)[list(METRICS)].mean()
-
-
 def group_counts(runs_table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per group: runs, completed (finished, not diverged), diverged, failed and incomplete
     (killed or still running, not diverged)."""
@@ -649,13 +606,14 @@ def compare(per_seed: pd.DataFrame, keys: list[str],
     stats.insert(0, "better", stats.index.get_level_values("metric").map(METRICS))
     if not baseline:
         return stats.reset_index()
-    partner = long[keys].assign(**baseline)
-    base = long.set_index([*keys, SEED_KEY, "metric"])["value"]
-    partner_index = pd.MultiIndex.from_frame(
-        pd.concat([partner, long[[SEED_KEY, "metric"]]], axis=1))
-    long["baseline_value"] = base.reindex(partner_index).to_numpy()
-    long["paired"] = partner_index.isin(base.index) & ~is_baseline(long, baseline)
-    long["baseline"] = [_label(dict(zip(keys, row, strict=True))) for row in partner.to_numpy()]
+    columns = [*keys, SEED_KEY, "metric"]
+    partner = long[columns].assign(**baseline).merge(long[[*columns, "value"]], how="left",
+                                                     on=columns, indicator=True)
+    long["baseline_value"] = partner["value"].to_numpy()
+    in_baseline = (long[list(baseline)] == pd.Series(baseline)).all(axis=1)
+    long["paired"] = (partner["_merge"] == "both").to_numpy() & ~in_baseline
+    long["baseline"] = [_label(dict(zip(keys, row, strict=True)))
+                        for row in partner[keys].to_numpy()]
     paired = long[long["paired"]].copy()
     paired["diff"] = paired["value"] - paired["baseline_value"]
     paired["win"], paired["tie"] = _wins(paired)
@@ -691,18 +649,14 @@ def _label(values: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in values.items())
 
 
-def is_baseline(table: pd.DataFrame, baseline: dict[str, str]) -> pd.Series:
-    """Per row: is every baseline key at its baseline value (a baseline group)."""
-    return (table[list(baseline)] == pd.Series(baseline)).all(axis=1)
-
-
 def summarize(runs: list[Run], settings: Settings = DEFAULTS,
               baseline: dict[str, str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Runs → (per-run table, tidy summary: one row per group × metric with the group's counts)."""
     keys, baseline = grouping_keys(runs), baseline or {}
     runs_table = per_run_table(runs, keys, settings, baseline)
-    per_seed = per_seed_values(runs_table, keys)
-    tidy = compare(per_seed, keys, baseline)
+    measured = runs_table[runs_table["status"] != "failed"]  # runs sharing a seed: their mean
+    tidy = compare(measured.groupby([*keys, SEED_KEY], sort=False)[list(METRICS)].mean(), keys,
+                   baseline)
     counts = group_counts(runs_table, keys)
     counts["target_loss"] = runs_table.groupby(keys, sort=False)["target_loss"].first()
     # every group × metric, in order (a left merge keeps the grid's); a group with only failed
@@ -835,31 +789,23 @@ def group_table(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],
 
 def metric_table(tidy: pd.DataFrame, keys: list[str], metric: str,
                  baseline: dict[str, str]) -> pd.DataFrame:
-    """One metric, one row per group: n, mean, 95% CI; Δ vs baseline, its CI, wins, ties,
-    losses, win rate and sign test over the paired seeds."""
+    """One metric, one row per group: n, mean, 95% CI; against the baseline: paired seeds, Δ
+    mean and its CI, and (a metric with a direction) wins, ties, losses, win rate, sign test."""
     rows = tidy[tidy["metric"] == metric]
-    shown = varying_keys(tidy, keys, baseline)
-    table = rows[shown].copy()
-    table["n"] = rows["n"]
-    table["mean"] = rows["mean"].map(_number)
-    table["95% CI"] = [_interval(lo, hi) for lo, hi in zip(rows["ci_low"], rows["ci_high"],
-                                                           strict=True)]
+    columns = {"n": rows["n"], "mean": rows["mean"].map(_number), "95% CI": _intervals(rows, "ci")}
     if baseline:
-        table["paired"] = rows["n_paired"].map(_number)
-        table["Δ mean"] = rows["diff_mean"].map(lambda x: "—" if pd.isna(x) else _signed(x))
-        table["Δ 95% CI"] = [_interval(lo, hi) for lo, hi in zip(
-            rows["diff_ci_low"], rows["diff_ci_high"], strict=True)]
-        if METRICS[metric] is not None:
-            for column in ("wins", "ties", "losses"):
-                table[column] = rows[column].map(_number)
-            table["win rate"] = rows["win_rate"].map(
-                lambda x: "—" if pd.isna(x) else f"{100 * x:.0f}%")
-            table["sign p"] = rows["sign_p"].map(lambda x: _number(x, 2))
-    return table
+        columns |= {"paired": rows["n_paired"].map(_number), "Δ mean": rows["diff_mean"].map(
+            _signed), "Δ 95% CI": _intervals(rows, "diff_ci")}
+    if baseline and METRICS[metric]:
+        columns |= {c: rows[c].map(_number) for c in ("wins", "ties", "losses")}
+        columns["win rate"] = rows["win_rate"].map(lambda x: _number(x * 100) + "%" * (x >= 0))
+        columns["sign p"] = rows["sign_p"].map(lambda x: _number(x, 2))
+    return rows[varying_keys(tidy, keys, baseline)].assign(**columns)
 
 
-def _interval(low: float, high: float) -> str:
-    return "—" if pd.isna(low) else f"[{_number(low)}, {_number(high)}]"
+def _intervals(rows: pd.DataFrame, prefix: str) -> list[str]:
+    return ["—" if pd.isna(low) else f"[{_number(low)}, {_number(high)}]"
+            for low, high in zip(rows[f"{prefix}_low"], rows[f"{prefix}_high"], strict=True)]
 
 
 def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],
@@ -919,13 +865,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--target-loss", type=float, metavar="LOSS",
                         help="the loss of steps_to_target (default: the largest final loss of "
                              "the matching baseline group's runs that did not diverge)")
-    parser.add_argument("--final-fraction", type=_fraction, default=0.1, metavar="F",
+    parser.add_argument("--final-fraction", type=_in_range(float, 1), default=0.1, metavar="F",
                         help="final_loss averages the last F of the steps (default: 0.1)")
-    parser.add_argument("--spike-factor", type=_positive(float), default=2.0, metavar="X",
+    parser.add_argument("--spike-factor", type=_in_range(float), default=2.0, metavar="X",
                         help="a spike is a loss above X × the preceding window's mean (default: 2)")
-    parser.add_argument("--spike-window", type=_positive(int), default=20, metavar="N",
+    parser.add_argument("--spike-window", type=_in_range(int), default=20, metavar="N",
                         help="the trailing window of spikes and steps_to_target (default: 20)")
-    parser.add_argument("--spike-min-rise", type=_fraction, default=0.05, metavar="R",
+    parser.add_argument("--spike-min-rise", type=_in_range(float, 1), default=0.05, metavar="R",
                         help="a spike also rises above that mean by more than R × the first "
                              "loss (default: 0.05)")
     parser.add_argument("--plots", action="store_true", help="also write the PNGs")
@@ -947,18 +893,13 @@ def _baseline_arg(text: str) -> dict[str, str]:
     return pairs
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be in (0, 1]")
-    return value
-
-
-def _positive(kind: type):
+def _in_range(kind: type, high: float = math.inf):
+    """An argparse type: a `kind` in (0, high]."""
     def parse(text: str):
         value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text}: must be positive")
+        if not 0 < value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text}: must be " + ("positive" if high == math.inf else f"in (0, {high}]"))
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in its "invalid ... value" error

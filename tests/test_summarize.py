@@ -116,7 +116,6 @@ def test_default_settings_and_edge_values():
     tiny = np.array([1.0, 0.001, 0.001, 0.01])
     assert S.loss_spikes(tiny, window=2) == 0 and S.loss_spikes(tiny, window=2, min_rise=0) == 1
     assert S.loss_spike_rate(tiny, window=2, min_rise=0) == 25  # 1 spike in 4 steps
-    assert math.isnan(S.loss_spike_rate(np.array([])))
     steps = pd.Series(range(1, 11))
     assert S.steps_to_target(loss, steps, 1.4, window=3) == 8  # (1.5 + 1 + 0.5) / 3 = 1
     assert S.steps_to_target(loss, steps, 0.5, window=1) == 8
