@@ -81,22 +81,19 @@ class Unreadable(Exception):
 # Reading runs
 
 
-def find_run_dirs(root: Path) -> list[Path]:
-    """Every directory under `root` (itself included) holding `.hydra/`, metrics.csv or
-    summary.json (so that a run without `.hydra/` is reported, not ignored), job 10 after 9."""
+def load_runs(root: Path | str) -> tuple[list[Run], list[tuple[str, str]]]:
+    """Every run under `root` (itself included: a directory with `.hydra/`, or with a
+    metrics.csv or summary.json, so that one without `.hydra/` is reported) → (runs, skipped),
+    job 10 after job 9. `skipped`: (directory, reason) of each run left out of the statistics;
+    failed runs are among them and in `runs` too (`metrics=None`), so that their group counts
+    them."""
+    root = Path(root)
     found = {p.parent for marker in (".hydra", "metrics.csv", "summary.json")
              for p in root.rglob(marker)}
-    return sorted(found, key=lambda p: tuple((0, int(part), "") if part.isdigit() else
-                                             (1, 0, part) for part in p.relative_to(root).parts))
-
-
-def load_runs(root: Path | str) -> tuple[list[Run], list[tuple[str, str]]]:
-    """Read every run under `root` → (runs, skipped). `skipped` holds (directory, reason) for
-    each run left out of the statistics; failed runs are among them and also in `runs` (with
-    `metrics=None`) so that their group counts them."""
-    root = Path(root)
     runs, skipped = [], []
-    for run_dir in find_run_dirs(root):
+    for run_dir in sorted(found, key=lambda p: tuple(
+            (0, int(part), "") if part.isdigit() else (1, 0, part)
+            for part in p.relative_to(root).parts)):
         name = str(run_dir.relative_to(root))
         try:
             run = read_run(run_dir, name)
@@ -854,17 +851,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m gradexp.summarize",
         description="Compare each setting of a sweep with its unclipped baseline, seed by seed.",
-        epilog="Every metric is defined in the README, section \"Summarizing a sweep\". Writes "
-               "summary.csv (one row per group × metric), summary.md and runs.csv.")
+        epilog="Definitions: README, \"Summarizing a sweep\". Writes summary.csv, summary.md, "
+               "runs.csv.")
     parser.add_argument("dir", type=Path, metavar="DIR",
-                        help="a sweep (outputs/multirun/<date>/<time>) or any folder holding "
-                             "run directories (searched recursively for .hydra/)")
+                        help="a sweep, or any folder holding run directories (recursively)")
     parser.add_argument("--baseline", metavar="KEY=VALUE[,KEY=VALUE]", type=_baseline_arg,
-                        help="the baseline setting (default: each of clip=null, clipping=none "
-                             "whose key is swept and whose value a run has)")
+                        help="the baseline setting (default: clip=null and/or clipping=none)")
     parser.add_argument("--target-loss", type=float, metavar="LOSS",
-                        help="the loss of steps_to_target (default: the largest final loss of "
-                             "the matching baseline group's runs that did not diverge)")
+                        help="the loss of steps_to_target (default: from the baseline's runs)")
     parser.add_argument("--final-fraction", type=_in_range(float, 1), default=0.1, metavar="F",
                         help="final_loss averages the last F of the steps (default: 0.1)")
     parser.add_argument("--spike-factor", type=_in_range(float), default=2.0, metavar="X",
@@ -872,11 +866,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--spike-window", type=_in_range(int), default=20, metavar="N",
                         help="the trailing window of spikes and steps_to_target (default: 20)")
     parser.add_argument("--spike-min-rise", type=_in_range(float, 1), default=0.05, metavar="R",
-                        help="a spike also rises above that mean by more than R × the first "
-                             "loss (default: 0.05)")
+                        help="and by more than R × the first loss (default: 0.05)")
     parser.add_argument("--plots", action="store_true", help="also write the PNGs")
-    parser.add_argument("--out", type=Path, metavar="OUT",
-                        help="where the files go (default: DIR)")
+    parser.add_argument("--out", type=Path, metavar="OUT", help="where to write (default: DIR)")
     return parser.parse_args(argv)
 
 
