@@ -1,12 +1,13 @@
 """Summarize a sweep: how much more (or less) stably each setting trained than its baseline.
 
-    python -m gradexp.summarize outputs/multirun/<date>/<time> [--baseline clip=null] [--plots]
+    python -m gradexp.summarize DIR [--baseline clip=null,clipping=none] [--plots]
 
-The module reads top to bottom: reading run directories (`load_runs`), grouping them by their
-overrides (`group_values`), the per-run stability metrics (one small function each, formula in
-the docstring; `run_metrics` applies them), the comparison of each group with its matching
-baseline group over paired seeds (`compare`), then the outputs (table, CSV, markdown, plots) and
-`main`. Nothing here imports TensorFlow; only the event-file fallback does, and only when needed.
+Top to bottom: reading run directories (`load_runs`), grouping runs by their overrides
+(`grouping_keys`, `group_values`), the per-run metrics (one small function each, its formula in
+the docstring; `run_metrics` applies them), each group against its matching baseline group over
+paired seeds (`compare`), the printed table and files, `main`. Definitions: README, "Summarizing
+a sweep". TensorFlow loads only to read event files (a run without metrics.csv); matplotlib only
+with --plots (gradexp.plots).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import io
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,50 +26,36 @@ import numpy as np
 import pandas as pd
 import yaml
 
-# yaml's C loader reads a run's small YAML files ~10x faster than the pure-Python one.
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-DEFAULT_BASELINES = (("clip", "null"), ("clipping", "none"))
-SEED_KEY = "seed"
-LOSS, GRAD_NORM = "loss/train", "grad_norm/global"
-REQUIRED_COLUMNS = ("step", LOSS)
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # ~10x faster than pure Python
+DEFAULT_BASELINE = {"clip": "null", "clipping": "none"}
+SEED_KEY, LOSS, GRAD_NORM = "seed", "loss/train", "grad_norm/global"
 UNSET = "(unset)"  # a swept key that neither a run's overrides nor its config has
 ONE_GROUP = "sweep"  # the key of the single group when no key but the seed was swept
 
-# Each metric and which direction is better (None: no "better", so no win rate).
-METRICS: dict[str, str | None] = {
-    "diverged": "lower",
-    "diverged_step": None,
-    "final_loss": "lower",
-    "val_loss": "lower",
-    "val_accuracy": "higher",
-    "loss_spikes": "lower",
-    "mean_loss": "lower",
-    "grad_norm_mean": None,
-    "grad_norm_cv": "lower",
-    "grad_norm_p99_p50": "lower",
-    "grad_norm_max": "lower",
-    "clip_fraction": None,
-    "steps_to_target": "lower",
-}
+METRICS: dict[str, str | None] = {  # each metric, the better direction (None: no wins)
+    "diverged": "lower", "diverged_step": None, "final_loss": "lower", "val_loss": "lower",
+    "val_accuracy": "higher", "loss_spike_rate": "lower", "mean_loss": "lower",
+    "grad_norm_mean": None, "grad_norm_cv": "lower", "grad_norm_p99_p50": "lower",
+    "grad_norm_max": "lower", "clip_fraction": None, "param_clip_fraction": None,
+    "steps_to_target": "lower"}
+RUN_EXTRAS = ["loss_spikes", "measured_steps"]  # in runs.csv: the rate's numerator, denominator
 COUNTS = ("runs", "completed", "diverged", "failed", "incomplete")
-# summary.csv's columns after the group's keys and label: one row per group × metric
+# summary.csv, one row per group × metric: the group's keys and label, then these
 SUMMARY_COLUMNS = ["metric", "better", "n", "mean", "std", "ci_low", "ci_high",
                    "baseline", "n_paired", "n_diff", "diff_mean", "diff_ci_low", "diff_ci_high",
-                   "wins", "ties", "win_rate", *COUNTS, "divergence_rate", "target_loss"]
-PRINTED = ("final_loss", "val_accuracy", "loss_spikes", "grad_norm_cv", "steps_to_target",
-           "clip_fraction")
+                   "wins", "ties", "losses", "win_rate", "sign_p", *COUNTS, "divergence_rate",
+                   "divergence_ci_low", "divergence_ci_high", "target_loss"]
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The knobs of the metrics (see `--help`)."""
+    """The knobs of the metrics (the command line's options)."""
 
     final_fraction: float = 0.1
     spike_factor: float = 2.0
     spike_window: int = 20
     spike_min_rise: float = 0.05
-    target_loss: float | None = None  # None: the worst final loss of each group's baseline
+    target_loss: float | None = None  # None: from each group's matching baseline group
 
 
 DEFAULTS = Settings()
@@ -75,7 +63,7 @@ DEFAULTS = Settings()
 
 @dataclass
 class Run:
-    """One readable run directory. `metrics` is None for a failed run (counted, not measured)."""
+    """One readable run directory; `metrics` is None for a failed run (counted, not measured)."""
 
     name: str  # the directory relative to the summarized folder
     overrides: dict[str, str]
@@ -86,33 +74,26 @@ class Run:
 
 
 class Unreadable(Exception):
-    """A run directory that cannot be summarized; the message is the reason shown to the user."""
+    """A run directory that cannot be summarized; the message is the reason shown."""
 
 
 # ---------------------------------------------------------------------------------------------
 # Reading runs
 
 
-def find_run_dirs(root: Path) -> list[Path]:
-    """Every directory under `root` (itself included) that holds `.hydra/`, or that holds a
-    metrics.csv or summary.json (so that a run missing `.hydra/` is reported, not ignored)."""
-    markers = [".hydra", "metrics.csv", "summary.json"]
-    found = {p.parent for marker in markers for p in root.rglob(marker)}
-    return sorted(found, key=lambda p: _natural_path(p.relative_to(root)))
-
-
-def _natural_path(path: Path) -> tuple:
-    # "10" after "9": sweep job numbers sort as numbers
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in path.parts)
-
-
 def load_runs(root: Path | str) -> tuple[list[Run], list[tuple[str, str]]]:
-    """Read every run under `root` → (runs, skipped). `skipped` holds (directory, reason) for
-    each run left out of the statistics; failed runs are among them and also in `runs` (with
-    `metrics=None`) so that their group counts them."""
+    """Every run under `root` (itself included: a directory with `.hydra/`, or with a
+    metrics.csv or summary.json, so that one without `.hydra/` is reported) → (runs, skipped),
+    job 10 after job 9. `skipped`: (directory, reason) of each run left out of the statistics;
+    failed runs are among them and in `runs` too (`metrics=None`), so that their group counts
+    them."""
     root = Path(root)
+    found = {p.parent for marker in (".hydra", "metrics.csv", "summary.json")
+             for p in root.rglob(marker)}
     runs, skipped = [], []
-    for run_dir in find_run_dirs(root):
+    for run_dir in sorted(found, key=lambda p: tuple(
+            (0, int(part), "") if part.isdigit() else (1, 0, part)
+            for part in p.relative_to(root).parts)):
         name = str(run_dir.relative_to(root))
         try:
             run = read_run(run_dir, name)
@@ -148,15 +129,15 @@ def read_run(run_dir: Path, name: str = ".") -> Run:
 
 
 def _read_yaml(path: Path, kind: type) -> Any:
+    name = f"{path.parent.name}/{path.name}"
     try:
         data = yaml.load(path.read_text(), Loader=YAML_LOADER)
     except FileNotFoundError:
-        raise Unreadable(f"no {path.parent.name}/{path.name}") from None
+        raise Unreadable(f"no {name}") from None
     except yaml.YAMLError as exc:
-        reason = f"{path.parent.name}/{path.name} is not YAML ({exc.__class__.__name__})"
-        raise Unreadable(reason) from None
+        raise Unreadable(f"{name} is not YAML ({exc.__class__.__name__})") from None
     if not isinstance(data, kind):
-        raise Unreadable(f"{path.parent.name}/{path.name} is not a YAML {kind.__name__}")
+        raise Unreadable(f"{name} is not a YAML {kind.__name__}")
     return data
 
 
@@ -209,8 +190,8 @@ def read_metrics(path: Path, partial_last_row: bool = False) -> pd.DataFrame:
 
 
 def read_events(run_dir: Path) -> pd.DataFrame:
-    """The run's TensorBoard event files → the same table as metrics.csv (the fallback when a
-    run has no metrics.csv). Reading events is slow (and loads TensorFlow): only done here."""
+    """The run's TensorBoard event files → the same table as metrics.csv (slow, loads
+    TensorFlow: only for a run without metrics.csv)."""
     if not list(run_dir.glob("events.out.tfevents.*")):
         raise Unreadable("no metrics.csv and no event files")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -226,10 +207,9 @@ def read_events(run_dir: Path) -> pd.DataFrame:
         raise Unreadable(f"event files unreadable ({exc.__class__.__name__}: {exc})") from None
     columns = {}
     for tag in events.Tags()["tensors"]:
-        if events.SummaryMetadata(tag).plugin_data.plugin_name != "scalars":
-            continue  # histograms, HParams
-        if tag.startswith("final/"):
-            continue  # the run's final figures, not a per-step series
+        if (events.SummaryMetadata(tag).plugin_data.plugin_name != "scalars"
+                or tag.startswith("final/")):  # histograms, HParams; the run's final figures
+            continue
         values = {e.step: float(make_ndarray(e.tensor_proto)) for e in events.Tensors(tag)}
         columns[tag] = pd.Series(values, dtype=float)
     if LOSS not in columns:
@@ -239,7 +219,7 @@ def read_events(run_dir: Path) -> pd.DataFrame:
 
 
 def _checked(table: pd.DataFrame, source: str) -> pd.DataFrame:
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    missing = [c for c in ("step", LOSS) if c not in table.columns]
     if missing:
         raise Unreadable(f"{source} has no column {', '.join(missing)}")
     if table.empty:
@@ -247,7 +227,7 @@ def _checked(table: pd.DataFrame, source: str) -> pd.DataFrame:
     step = pd.to_numeric(table["step"], errors="coerce")
     if step.isna().any() or not step.is_monotonic_increasing or not step.is_unique:
         raise Unreadable(f"{source}: the step column is not increasing whole numbers")
-    # astype copies the whole table (~2 ms a run): only when the steps are not integers yet
+    # astype copies the whole table (~2 ms a run): only if the steps are not integers yet
     return table if pd.api.types.is_integer_dtype(step) else table.astype({"step": int})
 
 
@@ -256,16 +236,29 @@ def _checked(table: pd.DataFrame, source: str) -> pd.DataFrame:
 
 
 def grouping_keys(runs: list[Run]) -> list[str]:
-    """Every override key of any run except the seed, Hydra's own (`hydra/...`, `hydra.*`) and
-    keys every run sets to the same value (they tell no group apart), in the order they first
-    appear; [`sweep`] (one group, `sweep=all`) if there is none."""
-    keys = dict.fromkeys(key for run in runs for key in run.overrides)
+    """The override keys, in order of appearance, that differ between runs, except the seed,
+    Hydra's own (`hydra/...`, `hydra.*`) and the names of presets that set nothing the other
+    keys do not (`only_names_a_preset`); [`sweep`] (one group, `sweep=all`) if none."""
+    keys = [k for k in dict.fromkeys(key for run in runs for key in run.overrides)
+            if k != SEED_KEY and k != "hydra" and not k.startswith(("hydra/", "hydra."))
+            and len({run.overrides.get(k) for run in runs}) > 1]
+    return [k for k in keys if not only_names_a_preset(runs, k, keys)] or [ONE_GROUP]
 
-    def varies(key: str) -> bool:
-        return len({run.overrides.get(key) for run in runs}) > 1
 
-    return [k for k in keys if k != SEED_KEY and k != "hydra"
-            and not k.startswith(("hydra/", "hydra.")) and varies(k)] or [ONE_GROUP]
+def only_names_a_preset(runs: list[Run], key: str, keys: list[str]) -> bool:
+    """Whether `key` is no value of any run's config (a preset: `+experiment=exploding_rnn`)
+    and runs that agree on the other keys have the same config whatever its value (but the
+    seed): then it names runs, it does not set them apart (two preset sweeps of one model)."""
+    if any(_from_config(run.config, key) != UNSET for run in runs):
+        return False
+    others = group_values(runs, [k for k in keys if k != key]).drop(columns=SEED_KEY)
+    config_of: dict[tuple, str] = {}
+    for values, run in zip(others.itertuples(index=False), runs, strict=True):
+        config = json.dumps({k: v for k, v in run.config.items() if k != SEED_KEY},
+                            sort_keys=True, default=str)
+        if config_of.setdefault(tuple(values), config) != config:
+            return False
+    return True
 
 
 def group_values(runs: list[Run], keys: list[str]) -> pd.DataFrame:
@@ -274,7 +267,8 @@ def group_values(runs: list[Run], keys: list[str]) -> pd.DataFrame:
     config value takes the spelling that other runs wrote for the same value (`null`, `0.1`),
     so that `clip=null` and a run without a clip override land in the same group."""
     table = pd.DataFrame(
-        [[_value(run, key) for key in [*keys, SEED_KEY]] for run in runs],
+        [["all" if key == ONE_GROUP else run.overrides[key] if key in run.overrides
+          else _from_config(run.config, key) for key in [*keys, SEED_KEY]] for run in runs],
         columns=[*keys, SEED_KEY], dtype=object)
     for column in table:
         written = {v for run in runs if (v := run.overrides.get(column)) is not None}
@@ -284,12 +278,9 @@ def group_values(runs: list[Run], keys: list[str]) -> pd.DataFrame:
     return table.map(_as_text)
 
 
-def _value(run: Run, key: str) -> Any:
-    if key == ONE_GROUP:
-        return "all"
-    if key in run.overrides:
-        return run.overrides[key]
-    node: Any = run.config
+def _from_config(config: dict[str, Any], key: str) -> Any:
+    """The config's value at `key` (a config group, such as `model`, by its `name`)."""
+    node: Any = config
     for part in key.replace("/", ".").split("."):
         if not isinstance(node, dict) or part not in node:
             return UNSET
@@ -298,22 +289,15 @@ def _value(run: Run, key: str) -> Any:
 
 
 def _spelled_as(value: Any, written: set[str]) -> Any:
+    """`value` as some run wrote it in its overrides (None as `null`), else itself."""
     for text in written:
-        if _parse_scalar(text) == value:
-            return text
-    return value
-
-
-def _parse_scalar(text: str) -> Any:
-    try:
-        value = yaml.load(text, Loader=YAML_LOADER)
-    except yaml.YAMLError:
-        return text
-    if isinstance(value, str):  # YAML 1.1 reads 1e-3 as a string
         try:
-            return float(value)
-        except ValueError:
-            pass
+            parsed = yaml.load(text, Loader=YAML_LOADER)
+            parsed = float(parsed) if isinstance(parsed, str) else parsed  # YAML 1.1: "1e-3"
+        except (yaml.YAMLError, ValueError):
+            parsed = text
+        if parsed == value:
+            return text
     return value
 
 
@@ -327,16 +311,9 @@ def _as_text(value: Any) -> str:
     return str(value)
 
 
-def default_baseline(keys: list[str]) -> tuple[str, str] | None:
-    """`clip=null` if clip is swept, else `clipping=none` if clipping is, else none."""
-    return next(((k, v) for k, v in DEFAULT_BASELINES if k in keys), None)
-
-
 # ---------------------------------------------------------------------------------------------
-# Per-run metrics: one function each, on numpy arrays (pandas' per-call overhead would dominate:
-# a sweep of 100 runs × 1000 steps is summarized in well under a second). A diverged run is
-# measured on its steps before the divergence (`steps_before_divergence`); that it diverged is
-# reported by `diverged`.
+# Per-run metrics: one function each, on numpy arrays (pandas' per-call overhead would dominate).
+# A diverged run is measured on its steps before the divergence (`steps_before_divergence`).
 
 
 def trailing_mean(x: np.ndarray, window: int) -> np.ndarray:
@@ -389,11 +366,8 @@ def steps_before_divergence(table: pd.DataFrame, diverged_at: float) -> pd.DataF
 
 def final_loss(loss: np.ndarray, fraction: float = 0.1) -> float:
     """mean(loss_t) over the last max(1, ⌊fraction · n⌋) of the n steps (as summary.json)."""
-    loss = np.asarray(loss, float)
-    if not len(loss):
-        return math.nan
     last = max(1, math.floor(fraction * len(loss) + 1e-9))  # 1e-9: 0.1 · 30 is 3.0000000000000004
-    return float(loss[-last:].mean())
+    return float(np.asarray(loss, float)[-last:].mean())
 
 
 def last_evaluated(values: np.ndarray) -> float:
@@ -405,66 +379,69 @@ def last_evaluated(values: np.ndarray) -> float:
 
 def loss_spikes(loss: np.ndarray, factor: float = 2.0, window: int = 20,
                 min_rise: float = 0.05) -> float:
-    """#{t : loss_t > factor · m_t  and  loss_t − m_t > min_rise · loss_1}, where
-    m_t = mean(loss_{t-window} … loss_{t-1}): steps whose loss is more than `factor` times the
-    mean of the (up to) `window` steps before it, by more than `min_rise` of the first loss
-    (so that batch noise on a loss near zero, which doubles easily, is not a spike). The first
-    step is never a spike. NaN without steps (not 0: nothing was measured)."""
+    """#{t ≥ 2 : loss_t > factor · m_t  and  loss_t − m_t > min_rise · loss_1}, m_t the mean of
+    the up-to-`window` losses before step t: a loss `factor` times the recent mean, by more than
+    `min_rise` of the first loss (batch noise on a loss near zero doubles easily)."""
     loss = np.asarray(loss, float)
-    if not len(loss):
-        return math.nan
     preceding_mean = trailing_mean(loss, window)[:-1]  # of steps ≤ t-1, for t = 2 … n
     rise = loss[1:] - preceding_mean
     return float(np.sum((loss[1:] > factor * preceding_mean) & (rise > min_rise * loss[0])))
 
 
+def loss_spike_rate(loss: np.ndarray, factor: float = 2.0, window: int = 20,
+                    min_rise: float = 0.05) -> float:
+    """100 · loss_spikes / n: spikes per 100 of the n measured steps (a run that diverges early
+    has fewer steps to spike in)."""
+    return 100 * loss_spikes(loss, factor, window, min_rise) / len(loss)
+
+
 def mean_loss(loss: np.ndarray) -> float:
     """mean(loss_t) over all the steps."""
-    return float(np.mean(loss)) if len(loss) else math.nan
+    return float(np.mean(loss))
 
 
 def grad_norm_mean(norm: np.ndarray) -> float:
     """mean(g) of the global gradient norm g over the steps."""
-    return float(np.mean(norm)) if len(norm) else math.nan
+    return float(np.mean(norm))
 
 
 def grad_norm_cv(norm: np.ndarray) -> float:
     """std(g) / mean(g) of the global gradient norm g over the steps (std with ddof=0)."""
-    norm = np.asarray(norm, float)
-    mean = norm.mean() if len(norm) else math.nan
-    return float(norm.std() / mean) if mean > 0 else math.nan
+    mean = np.mean(norm)
+    return float(np.std(norm) / mean) if mean > 0 else math.nan
 
 
 def grad_norm_p99_p50(norm: np.ndarray) -> float:
     """percentile_99(g) / percentile_50(g) (numpy's linear interpolation): how heavy the tail of
     the gradient norm is compared with its median."""
-    if not len(norm):
-        return math.nan
-    p99, p50 = np.percentile(np.asarray(norm, float), [99, 50])
+    p99, p50 = np.percentile(norm, [99, 50])
     return float(p99 / p50) if p50 > 0 else math.nan
 
 
 def grad_norm_max(norm: np.ndarray) -> float:
     """max(g) over the steps."""
-    return float(np.max(norm)) if len(norm) else math.nan
+    return float(np.max(norm))
 
 
 def clip_fraction(table: pd.DataFrame) -> float:
     """The mean over steps and over every `clip_fraction/<position>` column; 0 without any
     (no clip layer reports clipping)."""
-    columns = [c for c in table.columns if c.startswith("clip_fraction/")]
-    if not columns:
-        return 0.0
-    if not len(table):
-        return math.nan
-    return float(np.mean([table[c].to_numpy(float) for c in columns]))  # no DataFrame copy
+    columns = [table[c].to_numpy(float) for c in table.columns if c.startswith("clip_fraction/")]
+    return float(np.mean(columns)) if columns else 0.0
+
+
+def param_clip_fraction(table: pd.DataFrame) -> float:
+    """mean_t param_clip/clipped_t: the share of steps on which the parameter-clipping method
+    changed the gradients; NaN without that column (runs from before it was logged)."""
+    clipped = table.get("param_clip/clipped")
+    return math.nan if clipped is None else float(np.mean(clipped.to_numpy(float)))
 
 
 def steps_to_target(loss: np.ndarray, steps: np.ndarray, target: float,
                     window: int = 20) -> float:
     """The first step t with mean(loss_{t-window+1} … loss_t) ≤ target (a trailing mean over up
     to `window` steps, so one lucky batch does not count); NaN if never (or no target)."""
-    if math.isnan(target) or not len(loss):
+    if math.isnan(target):
         return math.nan
     reached = trailing_mean(np.asarray(loss, float), window) <= target
     return float(np.asarray(steps)[np.argmax(reached)]) if reached.any() else math.nan
@@ -472,30 +449,36 @@ def steps_to_target(loss: np.ndarray, steps: np.ndarray, target: float,
 
 def run_metrics(table: pd.DataFrame, settings: Settings = DEFAULTS, divergence_factor=1000.0,
                 reported_diverged_step: float = math.nan, target_loss: float = math.nan) -> dict:
-    """Every metric of one run's table (one row per step). All but `diverged` and
-    `diverged_step` are measured on the steps before the divergence."""
+    """Every metric of one run's table (one row per step), and RUN_EXTRAS. All but `diverged`
+    and `diverged_step` are measured on the steps before the divergence (none: NaN)."""
     diverged_at = table_divergence_step(table, divergence_factor, reported_diverged_step)
     part = steps_before_divergence(table, diverged_at)
+    divergence = {"diverged": float(not math.isnan(diverged_at)), "diverged_step": diverged_at}
+    if part.empty:  # diverged at its first step: nothing measured (no spikes is not 0 spikes)
+        return {**dict.fromkeys([*METRICS, *RUN_EXTRAS], math.nan), **divergence,
+                "measured_steps": 0}
     loss = part[LOSS].to_numpy(float)
-    norm = part[GRAD_NORM].to_numpy(float) if GRAD_NORM in part else np.array([])
-    column = {c: part[c].to_numpy(float) if c in part else np.array([])
-              for c in ("loss/val", "accuracy/val")}
+    column = {c: part[c].to_numpy(float) if c in part else np.full(len(part), math.nan)
+              for c in (GRAD_NORM, "loss/val", "accuracy/val")}
+    norm = column[GRAD_NORM]
+    spike_settings = settings.spike_factor, settings.spike_window, settings.spike_min_rise
     return {
-        "diverged": float(not math.isnan(diverged_at)),
-        "diverged_step": diverged_at,
+        **divergence,
         "final_loss": final_loss(loss, settings.final_fraction),
         "val_loss": last_evaluated(column["loss/val"]),
         "val_accuracy": last_evaluated(column["accuracy/val"]),
-        "loss_spikes": loss_spikes(loss, settings.spike_factor, settings.spike_window,
-                                   settings.spike_min_rise),
+        "loss_spike_rate": loss_spike_rate(loss, *spike_settings),
         "mean_loss": mean_loss(loss),
         "grad_norm_mean": grad_norm_mean(norm),
         "grad_norm_cv": grad_norm_cv(norm),
         "grad_norm_p99_p50": grad_norm_p99_p50(norm),
         "grad_norm_max": grad_norm_max(norm),
         "clip_fraction": clip_fraction(part),
+        "param_clip_fraction": param_clip_fraction(part),
         "steps_to_target": steps_to_target(loss, part["step"].to_numpy(), target_loss,
                                            settings.spike_window),
+        "loss_spikes": loss_spikes(loss, *spike_settings),
+        "measured_steps": len(loss),
     }
 
 
@@ -514,45 +497,38 @@ def _reported_step(run: Run) -> float:
 
 
 def per_run_table(runs: list[Run], keys: list[str], settings: Settings,
-                  baseline: tuple[str, str] | None) -> pd.DataFrame:
-    """One row per run: its directory, status, group values, seed and metrics (NaN for a failed
-    run). `steps_to_target` needs the target, which needs every run's final loss: two passes."""
-    values = group_values(runs, keys)
+                  baseline: dict[str, str]) -> pd.DataFrame:
+    """One row per run: directory, status, group values, seed, metrics (NaN for a failed run),
+    target loss. The target needs every run's final loss: steps_to_target comes second."""
     rows = [run_metrics(run.metrics, settings, _divergence_factor(run), _reported_step(run))
-            if run.metrics is not None else dict.fromkeys(METRICS, math.nan) for run in runs]
+            if run.metrics is not None else {} for run in runs]
     table = pd.concat([pd.DataFrame({"run": [r.name for r in runs],
                                      "status": [r.status for r in runs]}),
-                       values, pd.DataFrame(rows, columns=list(METRICS))], axis=1)
+                       group_values(runs, keys),
+                       pd.DataFrame(rows, columns=[*METRICS, *RUN_EXTRAS])],
+                      axis=1)
     table["target_loss"] = target_losses(table, keys, baseline, settings.target_loss)
-    table["steps_to_target"] = [
-        _steps_to_target(run, diverged_at, target, settings.spike_window)
-        for run, diverged_at, target in zip(runs, table["diverged_step"], table["target_loss"],
-                                            strict=True)]
+    for i, run in enumerate(runs):
+        if run.metrics is not None:
+            part = steps_before_divergence(run.metrics, table.at[i, "diverged_step"])
+            table.at[i, "steps_to_target"] = steps_to_target(
+                part[LOSS].to_numpy(float), part["step"].to_numpy(), table.at[i, "target_loss"],
+                settings.spike_window)
     return table
 
 
-def _steps_to_target(run: Run, diverged_at: float, target: float, window: int) -> float:
-    if run.metrics is None:
-        return math.nan
-    part = steps_before_divergence(run.metrics, diverged_at)
-    return steps_to_target(part[LOSS].to_numpy(float), part["step"].to_numpy(), target, window)
-
-
-def target_losses(table: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None,
-                  fixed: float | None) -> pd.Series:
+def target_losses(table: pd.DataFrame, keys: list[str], baseline: dict[str, str],
+                  fixed: float | None) -> np.ndarray:
     """The target of each run's `steps_to_target`: `fixed` if given, else the largest final
-    loss over the seeds of the run's matching baseline group (NaN if there is none) — a loss
-    every baseline seed gets down to, so the metric is defined for the baseline itself."""
-    if fixed is not None:
-        return pd.Series(float(fixed), index=table.index)
-    if baseline is None:
-        return pd.Series(math.nan, index=table.index)
-    per_seed = table.groupby([*keys, SEED_KEY], sort=False)["final_loss"].mean().reset_index()
-    target = per_seed.groupby(keys, sort=False)["final_loss"].max()
-    partner = table[keys].assign(**{baseline[0]: baseline[1]})
-    return pd.Series(target.reindex(pd.MultiIndex.from_frame(partner)
-                                    if len(keys) > 1 else partner[keys[0]]).to_numpy(),
-                     index=table.index)
+    loss among its matching baseline group's runs that did not diverge (a loss each of them
+    gets down to; a diverged run's final loss is the one before its blow-up, any height); NaN
+    without a baseline, or if every run of the baseline group diverged."""
+    if fixed is not None or not baseline:
+        return np.full(len(table), math.nan if fixed is None else float(fixed))
+    finite = table[table["diverged"] == 0]
+    worst = finite.groupby(keys, sort=False)["final_loss"].max().reset_index()
+    partner = table[keys].assign(**baseline)
+    return partner.merge(worst, on=keys, how="left")["final_loss"].to_numpy(float)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -570,51 +546,71 @@ def t_interval(mean: Any, std: Any, n: Any) -> tuple[Any, Any]:
     return mean - half, mean + half
 
 
-def per_seed_values(runs_table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """The measured runs' metrics, one row per (group, seed): the mean of a group's runs that
-    share a seed (normally there is one)."""
-    measured = runs_table[runs_table["status"] != "failed"]
-    return measured.groupby([*keys, SEED_KEY], sort=False)[list(METRICS)].mean()
+def clopper_pearson(k: Any, n: Any) -> tuple[Any, Any]:
+    """Exact 95% interval of a rate of k in n: [B⁻¹(0.025; k, n−k+1), B⁻¹(0.975; k+1, n−k)], the
+    lower end 0 for k = 0 and the upper 1 for k = n (B⁻¹: the inverse of the regularized
+    incomplete beta function); NaN for n = 0. Vectorized over arrays."""
+    from scipy.special import betaincinv  # not scipy.stats: ~1 s to import
+
+    k, n = np.asarray(k, float), np.asarray(n, float)
+    with np.errstate(invalid="ignore"):
+        low = np.where(k > 0, betaincinv(np.maximum(k, 1e-300), n - k + 1, 0.025), 0.0)
+        high = np.where(k < n, betaincinv(k + 1, np.maximum(n - k, 1e-300), 0.975), 1.0)
+    return np.where(n > 0, low, np.nan), np.where(n > 0, high, np.nan)
+
+
+def sign_test(wins: Any, losses: Any) -> Any:
+    """Exact two-sided sign test of wins against losses (ties left out): p = min(1, 2 · P(X ≤
+    min(wins, losses))), X ~ Binomial(wins + losses, 1/2); 1 without either. On 0/1 values
+    (`diverged`) this is the exact McNemar test on the discordant pairs. Vectorized."""
+    from scipy.special import betainc  # P(X ≤ k) = I_{1/2}(m − k, k + 1) for k < m
+
+    wins, losses = np.asarray(wins, float), np.asarray(losses, float)
+    k, m = np.minimum(wins, losses), wins + losses
+    with np.errstate(invalid="ignore"):
+        tail = np.where(k < m, betainc(np.maximum(m - k, 1e-300), k + 1, 0.5), 1.0)
+    return np.where(np.isnan(m), np.nan, np.minimum(1.0, 2 * tail))
 
 
 def group_counts(runs_table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per group: runs, completed (finished, not diverged), diverged, failed, incomplete (killed
-    or still running, not diverged) and divergence_rate = diverged / (runs − failed)."""
+    """Per group: runs, completed (finished, not diverged), diverged, failed and incomplete
+    (killed or still running, not diverged)."""
     failed = runs_table["status"] == "failed"
     diverged = (runs_table["diverged"] == 1) & ~failed
     finished = runs_table["status"].isin(["completed", "diverged"])
     outcome = pd.DataFrame({
         "runs": 1, "completed": finished & ~diverged, "diverged": diverged, "failed": failed,
         "incomplete": ~finished & ~failed & ~diverged}).astype(int)
-    counts = outcome.groupby([runs_table[k] for k in keys], sort=False).sum()
-    measured = counts["runs"] - counts["failed"]
-    counts["divergence_rate"] = (counts["diverged"] / measured).where(measured > 0)
-    return counts
+    return outcome.groupby([runs_table[k] for k in keys], sort=False).sum()
 
 
 def compare(per_seed: pd.DataFrame, keys: list[str],
-            baseline: tuple[str, str] | None) -> pd.DataFrame:
-    """One row per (group, metric): n seeds, mean, std and 95% interval over seeds; and against
-    the matching baseline group (same values of the other keys, baseline key = baseline value),
-    over the seeds both groups have: the paired differences d_s = group_s − baseline_s (mean,
-    95% interval), and the win rate = wins / paired seeds, a win being a seed where the group
-    is better (a missing value, e.g. target never reached, counts as worse than any value;
-    equal values are ties, not wins)."""
+            baseline: dict[str, str]) -> pd.DataFrame:
+    """One row per (group, metric): n seeds, mean, std and 95% interval over seeds (for
+    `diverged`, Clopper–Pearson's); and against the matching baseline group (same values of the
+    other keys, every baseline key at its baseline value), over the seeds both groups have: the
+    paired differences d_s = group_s − baseline_s (mean; 95% t interval but for `diverged`),
+    wins, ties, losses, win rate = wins / paired seeds and the sign test of wins against losses,
+    a win being a seed where the group is better (a missing value, e.g. target never reached,
+    counts as worse than any value; equal values are ties)."""
     long = per_seed.melt(ignore_index=False, var_name="metric").reset_index()
     by = [*keys, "metric"]
     stats = long.groupby(by, sort=False)["value"].agg(n="count", mean="mean", std="std")
     stats["ci_low"], stats["ci_high"] = t_interval(stats["mean"], stats["std"], stats["n"])
+    rate = stats.index.get_level_values("metric") == "diverged"  # 0/1: no t interval
+    stats.loc[rate, "ci_low"], stats.loc[rate, "ci_high"] = clopper_pearson(
+        (stats["mean"] * stats["n"])[rate].round(9), stats["n"][rate])
     stats.insert(0, "better", stats.index.get_level_values("metric").map(METRICS))
-    if baseline is None:
+    if not baseline:
         return stats.reset_index()
-    key, value = baseline
-    partner = long[keys].assign(**{key: value})
-    base = long.set_index([*keys, SEED_KEY, "metric"])["value"]
-    partner_index = pd.MultiIndex.from_frame(
-        pd.concat([partner, long[[SEED_KEY, "metric"]]], axis=1))
-    long["baseline_value"] = base.reindex(partner_index).to_numpy()
-    long["paired"] = partner_index.isin(base.index) & (long[key] != value)
-    long["baseline"] = [_label(dict(zip(keys, row, strict=True))) for row in partner.to_numpy()]
+    columns = [*keys, SEED_KEY, "metric"]
+    partner = long[columns].assign(**baseline).merge(long[[*columns, "value"]], how="left",
+                                                     on=columns, indicator=True)
+    long["baseline_value"] = partner["value"].to_numpy()
+    in_baseline = (long[list(baseline)] == pd.Series(baseline)).all(axis=1)
+    long["paired"] = (partner["_merge"] == "both").to_numpy() & ~in_baseline
+    long["baseline"] = [_label(dict(zip(keys, row, strict=True)))
+                        for row in partner[keys].to_numpy()]
     paired = long[long["paired"]].copy()
     paired["diff"] = paired["value"] - paired["baseline_value"]
     paired["win"], paired["tie"] = _wins(paired)
@@ -624,9 +620,13 @@ def compare(per_seed: pd.DataFrame, keys: list[str],
         ties=("tie", "sum"))
     diff["diff_ci_low"], diff["diff_ci_high"] = t_interval(diff["diff_mean"], diff["diff_std"],
                                                            diff["n_diff"])
-    has_better = diff.index.get_level_values("metric").map(METRICS).notna()
+    metric = diff.index.get_level_values("metric")
+    diff.loc[metric == "diverged", ["diff_ci_low", "diff_ci_high"]] = np.nan
+    has_better = metric.map(METRICS).notna()
+    diff["losses"] = diff["n_paired"] - diff["wins"] - diff["ties"]
     diff["win_rate"] = (diff["wins"] / diff["n_paired"]).where(has_better)
-    diff.loc[~has_better, ["wins", "ties"]] = np.nan
+    diff["sign_p"] = sign_test(diff["wins"], diff["losses"])
+    diff.loc[~has_better, ["wins", "ties", "losses", "sign_p"]] = np.nan
     return stats.join(diff.drop(columns="diff_std")).reset_index()
 
 
@@ -647,26 +647,28 @@ def _label(values: dict[str, str]) -> str:
 
 
 def summarize(runs: list[Run], settings: Settings = DEFAULTS,
-              baseline: tuple[str, str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+              baseline: dict[str, str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Runs → (per-run table, tidy summary: one row per group × metric with the group's counts)."""
-    keys = grouping_keys(runs)
+    keys, baseline = grouping_keys(runs), baseline or {}
     runs_table = per_run_table(runs, keys, settings, baseline)
-    per_seed = per_seed_values(runs_table, keys)
-    tidy = compare(per_seed, keys, baseline)
+    measured = runs_table[runs_table["status"] != "failed"]  # runs sharing a seed: their mean
+    tidy = compare(measured.groupby([*keys, SEED_KEY], sort=False)[list(METRICS)].mean(), keys,
+                   baseline)
     counts = group_counts(runs_table, keys)
-    targets = runs_table.groupby(keys, sort=False)["target_loss"].first()
-    counts["target_loss"] = targets
-    # every group × metric in a readable order (a left merge keeps the grid's order); groups
-    # with only failed runs get rows too, so that their counts show
+    counts["target_loss"] = runs_table.groupby(keys, sort=False)["target_loss"].first()
+    # every group × metric, in order (a left merge keeps the grid's); a group with only failed
+    # runs gets rows too, so that its counts show
     groups = counts.index.to_frame(index=False)
     groups = groups.iloc[sorted(range(len(groups)), key=lambda i: tuple(
-        _natural_value(groups.at[i, k], baseline[1] if baseline and baseline[0] == k else None)
-        for k in keys))]
+        _natural_value(groups.at[i, k], baseline.get(k)) for k in keys))]
     grid = groups.merge(pd.DataFrame({"metric": list(METRICS)}), how="cross")
     tidy = grid.merge(tidy, on=[*keys, "metric"], how="left")
     tidy["better"] = tidy["metric"].map(METRICS)
     tidy["n"] = tidy["n"].fillna(0).astype(int)
     tidy = tidy.merge(counts.reset_index(), on=keys, how="left")
+    rate = tidy.loc[tidy["metric"] == "diverged", [*keys, "mean", "ci_low", "ci_high"]]
+    tidy = tidy.merge(rate.set_axis([*keys, "divergence_rate", "divergence_ci_low",
+                                     "divergence_ci_high"], axis=1), on=keys, how="left")
     tidy["group"] = [_label(dict(zip(keys, row, strict=True))) for row in tidy[keys].to_numpy()]
     return runs_table, tidy.reindex(columns=[*keys, "group", *SUMMARY_COLUMNS])
 
@@ -682,13 +684,13 @@ def _natural_value(value: str, baseline_value: str | None) -> tuple:
 
 
 # ---------------------------------------------------------------------------------------------
-# Output: the printed table, summary.csv, summary.md, plots
+# Output: the printed table, summary.md (summary.csv and runs.csv are the tables themselves)
 
 
-def varying_keys(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None) -> list:
-    """The keys whose value differs between groups (and the baseline key): the ones worth a
+def varying_keys(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str]) -> list:
+    """The keys whose value differs between groups (and the baseline keys): the ones worth a
     column; keys fixed for the whole sweep (e.g. trainer.steps=100) are stated once instead."""
-    return [k for k in keys if tidy[k].nunique() > 1 or (baseline and k == baseline[0])] or keys
+    return [k for k in keys if tidy[k].nunique() > 1 or k in baseline] or keys
 
 
 def _number(x: float, digits: int = 3) -> str:
@@ -715,13 +717,25 @@ def _mean_cell(row: pd.Series, seeds: int) -> str:
     return cell + (f" [n={row['n']}]" if row["n"] < seeds else "")
 
 
-def _diff_cell(row: pd.Series, baseline: tuple[str, str]) -> str:
-    """`Δmean±half-width wins/pairs`; `base` in the baseline group itself."""
-    if row[baseline[0]] == baseline[1]:
+def _rate_cell(row: pd.Series) -> str:
+    """`k/n [low, high]`: seeds diverged of seeds measured, the exact 95% interval."""
+    if row["n"] == 0:
+        return "—"
+    diverged = _number(row["mean"] * row["n"])
+    return f"{diverged}/{row['n']} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+
+
+def _diff_cell(row: pd.Series, baseline: dict[str, str]) -> str:
+    """`Δmean±half-width wins/pairs`, for `diverged` `Δrate (k saved, l lost, p=sign test)`;
+    `base` in a baseline group."""
+    if all(row[k] == v for k, v in baseline.items()):
         return "base"
     if pd.isna(row.get("n_paired")) or not row["n_paired"]:
         return "no pair"
     cell = "—" if pd.isna(row["diff_mean"]) else _signed(row["diff_mean"])
+    if row.name == "diverged":
+        return (f"{cell} ({int(row['wins'])} saved, {int(row['losses'])} lost, "
+                f"p={_number(row['sign_p'], 2)})")
     if not pd.isna(row["diff_ci_high"]):
         cell += f"±{_number(row['diff_ci_high'] - row['diff_mean'], 2)}"
     if not pd.isna(row["win_rate"]):
@@ -729,22 +743,38 @@ def _diff_cell(row: pd.Series, baseline: tuple[str, str]) -> str:
     return cell
 
 
-def group_table(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None,
-                metrics=PRINTED) -> pd.DataFrame:
-    """One row per group: its varying keys, runs, diverged/measured, then per metric
-    `mean±half-width` of the 95% interval over seeds and, against the baseline,
-    `Δmean±half-width wins/paired seeds`."""
-    shown = varying_keys(tidy, keys, baseline)
+def printed_metrics(tidy: pd.DataFrame) -> list[str]:
+    """The metrics of the printed table: `val_accuracy`, or `val_loss` if no group has an
+    accuracy (regression), or both if only some groups have one; `param_clip_fraction` if some
+    run logged it."""
+    def measured(metric: str) -> np.ndarray:  # per group: does some seed have a value
+        return tidy.loc[tidy["metric"] == metric, "n"].to_numpy() > 0
+
+    accuracy, loss = measured("val_accuracy"), measured("val_loss")
+    val = (["val_loss"] if not accuracy.any() else
+           ["val_accuracy"] if (accuracy | ~loss).all() else ["val_loss", "val_accuracy"])
+    param = ["param_clip_fraction"] if measured("param_clip_fraction").any() else []
+    return ["final_loss", *val, "loss_spike_rate", "grad_norm_cv", "steps_to_target",
+            "clip_fraction", *param]
+
+
+def group_table(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],
+                metrics: list[str] | None = None) -> pd.DataFrame:
+    """One row per group: its varying keys, runs, diverged seeds/measured seeds [95% interval]
+    (and against the baseline: Δ rate, seeds saved and lost, sign test), then per metric
+    `mean±half-width` of the 95% interval over seeds and `Δmean±half-width wins/pairs`."""
+    shown, metrics = varying_keys(tidy, keys, baseline), metrics or printed_metrics(tidy)
     rows = []
     for _, group in tidy.groupby("group", sort=False):
         first = group.iloc[0]
-        measured = int(first["runs"] - first["failed"])
         row = {k: first[k] for k in shown}
         row["runs"] = int(first["runs"])
-        row["diverged"] = f"{int(first['diverged'])}/{measured}"
         by_metric = group.set_index("metric")
+        row["diverged"] = _rate_cell(by_metric.loc["diverged"])
+        if baseline:
+            row["Δ diverged"] = _diff_cell(by_metric.loc["diverged"], baseline)
         for metric in metrics:
-            row[metric] = _mean_cell(by_metric.loc[metric], measured)
+            row[metric] = _mean_cell(by_metric.loc[metric], by_metric.at["diverged", "n"])
             if baseline and METRICS[metric] is not None:
                 row[f"Δ {metric}"] = _diff_cell(by_metric.loc[metric], baseline)
         row["notes"] = ", ".join(f"{int(first[c])} {c}" for c in ("failed", "incomplete")
@@ -755,33 +785,27 @@ def group_table(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, str] |
 
 
 def metric_table(tidy: pd.DataFrame, keys: list[str], metric: str,
-                 baseline: tuple[str, str] | None) -> pd.DataFrame:
-    """One metric, one row per group: n, mean, 95% CI; Δ vs baseline, its CI, wins, ties and
-    win rate over the paired seeds."""
+                 baseline: dict[str, str]) -> pd.DataFrame:
+    """One metric, one row per group: n, mean, 95% CI; against the baseline: paired seeds, Δ
+    mean and its CI, and (a metric with a direction) wins, ties, losses, win rate, sign test."""
     rows = tidy[tidy["metric"] == metric]
-    shown = varying_keys(tidy, keys, baseline)
-    table = rows[shown].copy()
-    table["n"] = rows["n"]
-    table["mean"] = rows["mean"].map(_number)
-    table["95% CI"] = [_interval(lo, hi) for lo, hi in zip(rows["ci_low"], rows["ci_high"],
-                                                           strict=True)]
-    if baseline is not None:
-        table["paired"] = rows["n_paired"].map(_number)
-        table["Δ mean"] = rows["diff_mean"].map(lambda x: "—" if pd.isna(x) else _signed(x))
-        table["Δ 95% CI"] = [_interval(lo, hi) for lo, hi in zip(
-            rows["diff_ci_low"], rows["diff_ci_high"], strict=True)]
-        if METRICS[metric] is not None:
-            table["wins"], table["ties"] = rows["wins"].map(_number), rows["ties"].map(_number)
-            table["win rate"] = rows["win_rate"].map(
-                lambda x: "—" if pd.isna(x) else f"{100 * x:.0f}%")
-    return table
+    columns = {"n": rows["n"], "mean": rows["mean"].map(_number), "95% CI": _intervals(rows, "ci")}
+    if baseline:
+        columns |= {"paired": rows["n_paired"].map(_number), "Δ mean": rows["diff_mean"].map(
+            _signed), "Δ 95% CI": _intervals(rows, "diff_ci")}
+    if baseline and METRICS[metric]:
+        columns |= {c: rows[c].map(_number) for c in ("wins", "ties", "losses")}
+        columns["win rate"] = rows["win_rate"].map(lambda x: _number(x * 100) + "%" * (x >= 0))
+        columns["sign p"] = rows["sign_p"].map(lambda x: _number(x, 2))
+    return rows[varying_keys(tidy, keys, baseline)].assign(**columns)
 
 
-def _interval(low: float, high: float) -> str:
-    return "—" if pd.isna(low) else f"[{_number(low)}, {_number(high)}]"
+def _intervals(rows: pd.DataFrame, prefix: str) -> list[str]:
+    return ["—" if pd.isna(low) else f"[{_number(low)}, {_number(high)}]"
+            for low, high in zip(rows[f"{prefix}_low"], rows[f"{prefix}_high"], strict=True)]
 
 
-def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, str] | None,
+def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],
                     settings: Settings, skipped: list[tuple[str, str]], root: Path) -> str:
     """summary.md: the settings, the key table, one table per metric, the skipped runs."""
     fixed = [k for k in keys if k not in varying_keys(tidy, keys, baseline)]
@@ -805,137 +829,18 @@ def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: tuple[str, st
     return "\n".join(lines)
 
 
-def _comparison_note(baseline: tuple[str, str] | None, settings: Settings) -> str:
-    if baseline is None:
+def _comparison_note(baseline: dict[str, str], settings: Settings) -> str:
+    if not baseline:
         return "No baseline (pass --baseline KEY=VALUE): no comparisons."
-    key, value = baseline
+    setting = ",".join(f"{k}={v}" for k, v in baseline.items())
     target = (f"target loss {settings.target_loss}" if settings.target_loss is not None else
-              "target loss: the worst final loss of the matching baseline group's seeds")
-    return (f"Baseline {key}={value}: each group against the group with the same other values "
-            f"and {key}={value}, paired by seed; Δ = group − baseline, mean ± 95% t interval "
-            f"over paired seeds; {target}.")
-
-
-# Plots: matplotlib (Agg) is imported only with --plots.
-
-
-def plot_all(runs: list[Run], runs_table: pd.DataFrame, tidy: pd.DataFrame, keys: list[str],
-             baseline: tuple[str, str] | None, settings: Settings, out: Path) -> list[Path]:
-    """Write loss_curves.png, grad_norms.png and final_loss_vs_<key>.png into `out`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    shown = varying_keys(tidy, keys, baseline)
-    labels = runs_table[shown].apply(lambda row: _label(row.to_dict()), axis=1)
-    measured = [(run, label, diverged_at) for run, label, diverged_at
-                in zip(runs, labels, runs_table["diverged_step"], strict=True)
-                if run.metrics is not None]
-    order = [g for g in dict.fromkeys(tidy[shown].apply(lambda r: _label(r.to_dict()), axis=1))]
-    curves: dict[str, list[pd.DataFrame]] = {label: [] for label in order}
-    for run, label, diverged_at in measured:
-        curves[label].append(steps_before_divergence(run.metrics, diverged_at).set_index("step"))
-    colors = plt.get_cmap("tab10" if len(order) <= 10 else "viridis")
-    color = {label: colors(i if len(order) <= 10 else i / max(1, len(order) - 1))
-             for i, label in enumerate(order)}
-    written = [_plot_losses(plt, curves, color, settings, out / "loss_curves.png"),
-               _plot_grad_norms(plt, curves, color, settings, out / "grad_norms.png")]
-    x_key = baseline[0] if baseline else shown[0]
-    written.append(_plot_final_loss(plt, tidy, keys, shown, x_key, baseline,
-                                    out / f"final_loss_vs_{_filename(x_key)}.png"))
-    return [p for p in written if p is not None]
-
-
-def _filename(key: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
-
-
-def _across_seeds(tables: list[pd.DataFrame], column: str, window: int = 1) -> pd.DataFrame:
-    """Per step: mean, min and max over the seeds' (trailing-mean smoothed) values."""
-    series = [t[column].rolling(window, min_periods=1).mean() for t in tables if column in t]
-    if not series:
-        return pd.DataFrame(columns=["mean", "min", "max"])
-    wide = pd.concat(series, axis=1)
-    return pd.DataFrame({"mean": wide.mean(axis=1), "min": wide.min(axis=1),
-                         "max": wide.max(axis=1)})
-
-
-def _plot_losses(plt, curves, color, settings: Settings, path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for label, tables in curves.items():
-        band = _across_seeds(tables, LOSS, settings.spike_window)
-        if band.empty:
-            continue
-        ax.plot(band.index, band["mean"], color=color[label], label=f"{label} (n={len(tables)})")
-        ax.fill_between(band.index, band["min"], band["max"], color=color[label], alpha=0.2)
-    ax.set(yscale="log", xlabel="step",
-           ylabel=f"loss/train, trailing mean over {settings.spike_window} steps",
-           title="Training loss: mean over seeds, band min–max (diverged runs end early)")
-    ax.legend(fontsize="small")
-    return _save(plt, fig, path)
-
-
-def _plot_grad_norms(plt, curves, color, settings: Settings, path: Path) -> Path | None:
-    columns = {c for tables in curves.values() for t in tables for c in t.columns}
-    positions = sorted({c.split("/")[1] for c in columns
-                        if c.startswith("grad_norm/") and c.endswith("/pre")})
-    if not positions:
-        return None
-    fig, axes = plt.subplots(1, len(positions), figsize=(max(8.0, 4.5 * len(positions)), 4.5),
-                             sharey=True, squeeze=False)  # ≥ 8 in: the title fits one panel
-    for ax, position in zip(axes[0], positions, strict=True):
-        for label, tables in curves.items():
-            for side, style in (("pre", "-"), ("post", "--")):
-                band = _across_seeds(tables, f"grad_norm/{position}/{side}",
-                                     settings.spike_window)
-                if not band.empty:
-                    ax.plot(band.index, band["mean"], style, color=color[label], linewidth=1,
-                            label=label if side == "pre" else None)
-        ax.set(yscale="log", xlabel="step", title=f"‖dy‖ at {position}")
-    axes[0][0].set_ylabel(f"‖dy‖, mean over seeds, trailing mean over {settings.spike_window}")
-    fig.suptitle("Gradient norm reaching each clip layer: before the clip solid, after dashed")
-    for ax in axes[0]:  # each panel names its own groups: groups may clip at different positions
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="x-small")
-    return _save(plt, fig, path)
-
-
-def _plot_final_loss(plt, tidy, keys, shown, x_key, baseline, path: Path) -> Path | None:
-    rows = tidy[(tidy["metric"] == "final_loss") & (tidy["n"] > 0)]
-    if rows.empty:
-        return None
-    baseline_value = baseline[1] if baseline else None
-    x_values = sorted(rows[x_key].unique(), key=lambda v: _natural_value(v, baseline_value))
-    position = {v: i for i, v in enumerate(x_values)}
-    others = [k for k in shown if k != x_key]
-    # Diverged runs' final losses (the loss before the blow-up) can sit decades above the rest:
-    # then a log axis, on which an interval reaching down to 0 or below ends at the axis' bottom.
-    means = rows["mean"].to_numpy(float)
-    floor = (means.min() / 3 if (means > 0).all() and means.max() > 100 * means.min()
-             else None)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for combination, line in (rows.groupby(others, sort=False) if others else [((), rows)]):
-        line = line.sort_values(x_key, key=lambda s: s.map(position))
-        label = _label(dict(zip(others, np.atleast_1d(combination), strict=True))) or "final loss"
-        low = line["ci_low"] if floor is None else line["ci_low"].clip(lower=floor)
-        err = np.vstack([line["mean"] - low, line["ci_high"] - line["mean"]])
-        ax.errorbar(line[x_key].map(position), line["mean"], yerr=np.nan_to_num(err),
-                    marker="o", capsize=3, label=label)
-    ax.set_xticks(range(len(x_values)), x_values)
-    ax.set(xlabel=x_key, ylabel="final loss (mean over seeds, 95% CI)",
-           title=f"Final loss against {x_key}")
-    if floor is not None:
-        ax.set(yscale="log", ylim=(floor, None))
-    ax.legend(fontsize="small")
-    return _save(plt, fig, path)
-
-
-def _save(plt, fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+              "target loss: the worst final loss of the matching baseline group's runs that "
+              "did not diverge")
+    return (f"Baseline {setting}: each group against the group with the same other values "
+            f"and {setting}, paired by seed; Δ = group − baseline, mean ± 95% t interval "
+            f"over paired seeds, wins/pairs; diverged: seeds diverged/seeds [exact 95% "
+            f"interval], Δ diverged: difference of the rates over paired seeds, seeds saved "
+            f"(baseline diverged, group did not) and lost, p of the exact sign test; {target}.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -945,74 +850,48 @@ def _save(plt, fig, path: Path) -> Path:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m gradexp.summarize",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Compare each setting of a sweep with its unclipped baseline, seed by seed.",
-        epilog=HELP_METRICS)
+        epilog="Definitions: README, \"Summarizing a sweep\". Writes summary.csv, summary.md, "
+               "runs.csv.")
     parser.add_argument("dir", type=Path, metavar="DIR",
-                        help="a sweep (outputs/multirun/<date>/<time>) or any folder holding "
-                             "run directories (searched recursively for .hydra/)")
-    parser.add_argument("--baseline", metavar="KEY=VALUE", type=_key_value,
-                        help="the baseline setting (default: clip=null if clip is swept, else "
-                             "clipping=none if clipping is, else no comparisons)")
+                        help="a sweep, or any folder holding run directories (recursively)")
+    parser.add_argument("--baseline", metavar="KEY=VALUE[,KEY=VALUE]", type=_baseline_arg,
+                        help="the baseline setting (default: clip=null and/or clipping=none)")
     parser.add_argument("--target-loss", type=float, metavar="LOSS",
-                        help="the loss of steps_to_target (default: the largest final loss "
-                             "among the matching baseline group's seeds)")
-    parser.add_argument("--final-fraction", type=_fraction, default=0.1, metavar="F",
+                        help="the loss of steps_to_target (default: from the baseline's runs)")
+    parser.add_argument("--final-fraction", type=_in_range(float, 1), default=0.1, metavar="F",
                         help="final_loss averages the last F of the steps (default: 0.1)")
-    parser.add_argument("--spike-factor", type=_positive(float), default=2.0, metavar="X",
-                        help="a spike is a loss above X × the mean of the preceding window "
-                             "(default: 2)")
-    parser.add_argument("--spike-window", type=_positive(int), default=20, metavar="N",
-                        help="steps in the trailing windows of loss_spikes and steps_to_target "
-                             "(default: 20)")
-    parser.add_argument("--spike-min-rise", type=_fraction, default=0.05, metavar="R",
-                        help="a spike also rises above that mean by more than R × the run's "
-                             "first loss (default: 0.05)")
-    parser.add_argument("--plots", action="store_true",
-                        help="also write loss_curves.png, grad_norms.png, final_loss_vs_<key>.png")
-    parser.add_argument("--out", type=Path, metavar="OUT",
-                        help="where to write summary.csv, summary.md, runs.csv and the plots "
-                             "(default: DIR)")
+    parser.add_argument("--spike-factor", type=_in_range(float), default=2.0, metavar="X",
+                        help="a spike is a loss above X × the preceding window's mean (default: 2)")
+    parser.add_argument("--spike-window", type=_in_range(int), default=20, metavar="N",
+                        help="the trailing window of spikes and steps_to_target (default: 20)")
+    parser.add_argument("--spike-min-rise", type=_in_range(float, 1), default=0.05, metavar="R",
+                        help="and by more than R × the first loss (default: 0.05)")
+    parser.add_argument("--plots", action="store_true", help="also write the PNGs")
+    parser.add_argument("--out", type=Path, metavar="OUT", help="where to write (default: DIR)")
     return parser.parse_args(argv)
 
 
-HELP_METRICS = """\
-per-run metrics (a diverged run: all but diverged/diverged_step on its steps before divergence):
-  diverged          summary says so, or a loss or gradient norm not finite, or
-                    loss > trainer.divergence_factor × first loss; diverged_step: that step
-  final_loss        mean loss over the last F of the steps (--final-fraction)
-  val_loss, val_accuracy   the last evaluated values
-  loss_spikes       steps whose loss > X × mean m of the up-to-N preceding losses,
-                    and loss − m > R × the first loss
-  mean_loss         mean loss over the run
-  grad_norm_mean, grad_norm_cv (std/mean), grad_norm_p99_p50, grad_norm_max   of grad_norm/global
-  clip_fraction     mean over steps and clip layers of the share of dy elements clipped
-  steps_to_target   first step whose trailing mean loss over N steps <= the target loss
-per group and metric: mean over seeds with a 95% Student-t interval; against the matching baseline
-group (same other keys, baseline value) over shared seeds: paired differences (group − baseline,
-mean and 95% interval) and the win rate (share of seeds where the group is better).
-Writes summary.csv (one row per group × metric), summary.md and runs.csv into DIR (or --out)."""
+def _baseline_arg(text: str) -> dict[str, str]:
+    """`clip=null,clipping=none` → {"clip": "null", "clipping": "none"}; a comma inside brackets
+    belongs to its value (`layer.positions=[a,b]`)."""
+    pairs = {}
+    for pair in re.split(r",(?![^\[]*\])", text):
+        key, has_value, value = pair.partition("=")
+        if not has_value or not key or key in pairs:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected KEY=VALUE[,KEY=VALUE...], each key once, e.g. clip=null")
+        pairs[key] = value
+    return pairs
 
 
-def _key_value(text: str) -> tuple[str, str]:
-    key, has_value, value = text.partition("=")
-    if not has_value or not key:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. clip=null")
-    return key, value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be in (0, 1]")
-    return value
-
-
-def _positive(kind: type):
+def _in_range(kind: type, high: float = math.inf):
+    """An argparse type: a `kind` in (0, high]."""
     def parse(text: str):
         value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text}: must be positive")
+        if not 0 < value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text}: must be " + ("positive" if high == math.inf else f"in (0, {high}]"))
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in its "invalid ... value" error
@@ -1023,19 +902,21 @@ class UsageError(Exception):
     """A problem with the user's input: main prints `error: <message>` and exits with 2."""
 
 
-def choose_baseline(requested: tuple[str, str] | None, runs_table: pd.DataFrame,
-                    keys: list[str]) -> tuple[str, str] | None:
-    """The requested baseline, checked against the runs; else the default for the keys."""
+def choose_baseline(requested: dict[str, str] | None, values: pd.DataFrame,
+                    keys: list[str]) -> dict[str, str]:
+    """The requested baseline, checked against the runs' group values; by default each of
+    clip=null and clipping=none whose key is swept and whose value a run has ({}: none)."""
     if requested is None:
-        return default_baseline(keys)
-    key, value = requested
-    if key not in keys:
-        swept = "no key but the seed varies" if keys == [ONE_GROUP] else "keys: " + ", ".join(keys)
-        raise UsageError(f"--baseline {key}={value}: {key} is not a swept key ({swept})")
-    if not (runs_table[key] == value).any():
-        values = ", ".join(sorted(runs_table[key].unique()))
-        raise UsageError(f"--baseline {key}={value}: no run has {key}={value} "
-                         f"({key} values: {values})")
+        return {k: v for k, v in DEFAULT_BASELINE.items()
+                if k in keys and (values[k] == v).any()}
+    for key, value in requested.items():
+        if key not in keys:
+            swept = ("no key but the seed varies" if keys == [ONE_GROUP]
+                     else "keys: " + ", ".join(keys))
+            raise UsageError(f"--baseline {key}={value}: {key} is not a swept key ({swept})")
+        if not (values[key] == value).any():
+            raise UsageError(f"--baseline {key}={value}: no run has {key}={value} "
+                             f"({key} values: {', '.join(sorted(values[key].unique()))})")
     return requested
 
 
@@ -1063,8 +944,6 @@ def _main(args: argparse.Namespace) -> int:
     keys = grouping_keys(runs)
     baseline = choose_baseline(args.baseline, group_values(runs, keys), keys)
     runs_table, tidy = summarize(runs, settings, baseline)
-    if baseline and not (tidy[baseline[0]] == baseline[1]).any():
-        print(f"note: no run has {baseline[0]}={baseline[1]}: no comparisons")
     print(_comparison_note(baseline, settings))
     print(group_table(tidy, keys, baseline).to_markdown(index=False, tablefmt="simple"))
     out = args.out or root
@@ -1074,6 +953,8 @@ def _main(args: argparse.Namespace) -> int:
     written[1].write_text(markdown_report(tidy, keys, baseline, settings, skipped, root))
     runs_table.to_csv(written[2], index=False)
     if args.plots:
+        from gradexp.plots import plot_all
+
         written += plot_all(runs, runs_table, tidy, keys, baseline, settings, out)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

@@ -56,6 +56,8 @@ def assert_summary_compares_clip_with_baseline(sweep_dir: Path, paired: int = 2)
     assert final.loc["0.1", "baseline"] == "clip=null" and final.loc["0.1", "n_paired"] == paired
     diff = final.loc["0.1", "mean"] - final.loc["null", "mean"]
     assert final.loc["0.1", "diff_mean"] == pytest.approx(diff)
+    clipped = tidy[tidy["metric"] == "clip_fraction"].set_index("clip")
+    assert clipped.loc["0.1", "mean"] > 0 and clipped.loc["null", "mean"] == 0
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,127 @@
+"""The PNGs of `python -m gradexp.summarize DIR --plots` (matplotlib, Agg, imported only here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gradexp import summarize as S
+
+
+def plot_all(runs: list[S.Run], runs_table: pd.DataFrame, tidy: pd.DataFrame, keys: list[str],
+             baseline: dict[str, str], settings: S.Settings, out: Path) -> list[Path]:
+    """Write loss_curves.png, grad_norms.png and final_loss_vs_<key>.png (per baseline key, or
+    for the first key shown without a baseline) into `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = S.varying_keys(tidy, keys, baseline)
+    labels = runs_table[shown].apply(lambda row: S._label(row.to_dict()), axis=1)
+    order = list(dict.fromkeys(tidy[shown].apply(lambda row: S._label(row.to_dict()), axis=1)))
+    curves: dict[str, list[pd.DataFrame]] = {label: [] for label in order}
+    for run, label, diverged_at in zip(runs, labels, runs_table["diverged_step"], strict=True):
+        if run.metrics is not None:
+            curves[label].append(
+                S.steps_before_divergence(run.metrics, diverged_at).set_index("step"))
+    colors = plt.get_cmap("tab10" if len(order) <= 10 else "viridis")
+    color = {label: colors(i if len(order) <= 10 else i / max(1, len(order) - 1))
+             for i, label in enumerate(order)}
+    written = [_plot_losses(plt, curves, color, settings, out / "loss_curves.png"),
+               _plot_grad_norms(plt, curves, color, settings, out / "grad_norms.png")]
+    for x_key in list(baseline) or shown[:1]:
+        written.append(_plot_final_loss(plt, tidy, shown, x_key, baseline.get(x_key),
+                                        out / f"final_loss_vs_{_filename(x_key)}.png"))
+    return [p for p in written if p is not None]
+
+
+def _filename(key: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+
+
+def _across_seeds(tables: list[pd.DataFrame], column: str, window: int = 1) -> pd.DataFrame:
+    """Per step: mean, min and max over the seeds' (trailing-mean smoothed) values."""
+    series = [t[column].rolling(window, min_periods=1).mean() for t in tables if column in t]
+    if not series:
+        return pd.DataFrame(columns=["mean", "min", "max"])
+    wide = pd.concat(series, axis=1)
+    return pd.DataFrame({"mean": wide.mean(axis=1), "min": wide.min(axis=1),
+                         "max": wide.max(axis=1)})
+
+
+def _plot_losses(plt, curves, color, settings: S.Settings, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, tables in curves.items():
+        band = _across_seeds(tables, S.LOSS, settings.spike_window)
+        if band.empty:
+            continue
+        ax.plot(band.index, band["mean"], color=color[label], label=f"{label} (n={len(tables)})")
+        ax.fill_between(band.index, band["min"], band["max"], color=color[label], alpha=0.2)
+    ax.set(yscale="log", xlabel="step",
+           ylabel=f"loss/train, trailing mean over {settings.spike_window} steps",
+           title="Training loss: mean over seeds, band min–max (diverged runs end early)")
+    ax.legend(fontsize="small")
+    return _save(plt, fig, path)
+
+
+def _plot_grad_norms(plt, curves, color, settings: S.Settings, path: Path) -> Path | None:
+    columns = {c for tables in curves.values() for t in tables for c in t.columns}
+    positions = sorted({c.split("/")[1] for c in columns
+                        if c.startswith("grad_norm/") and c.endswith("/pre")})
+    if not positions:
+        return None
+    fig, axes = plt.subplots(1, len(positions), figsize=(max(8.0, 4.5 * len(positions)), 4.5),
+                             sharey=True, squeeze=False)  # ≥ 8 in: the title fits one panel
+    for ax, position in zip(axes[0], positions, strict=True):
+        for label, tables in curves.items():
+            for side, style in (("pre", "-"), ("post", "--")):
+                band = _across_seeds(tables, f"grad_norm/{position}/{side}",
+                                     settings.spike_window)
+                if not band.empty:
+                    ax.plot(band.index, band["mean"], style, color=color[label], linewidth=1,
+                            label=label if side == "pre" else None)
+        ax.set(yscale="log", xlabel="step", title=f"‖dy‖ at {position}")
+    axes[0][0].set_ylabel(f"‖dy‖, mean over seeds, trailing mean over {settings.spike_window}")
+    fig.suptitle("Gradient norm reaching each clip layer: before the clip solid, after dashed")
+    for ax in axes[0]:  # each panel names its own groups: groups may clip at different positions
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="x-small")
+    return _save(plt, fig, path)
+
+
+def _plot_final_loss(plt, tidy, shown, x_key, baseline_value, path: Path) -> Path | None:
+    rows = tidy[(tidy["metric"] == "final_loss") & (tidy["n"] > 0)]
+    if rows.empty:
+        return None
+    x_values = sorted(rows[x_key].unique(), key=lambda v: S._natural_value(v, baseline_value))
+    position = {v: i for i, v in enumerate(x_values)}
+    others = [k for k in shown if k != x_key]
+    # Diverged runs' final losses (the loss before the blow-up) can sit decades above the rest:
+    # then a log axis, on which an interval reaching down to 0 or below ends at the axis' bottom.
+    means = rows["mean"].to_numpy(float)
+    floor = means.min() / 3 if (means > 0).all() and means.max() > 100 * means.min() else None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for combination, line in (rows.groupby(others, sort=False) if others else [((), rows)]):
+        line = line.sort_values(x_key, key=lambda s: s.map(position))
+        label = S._label(dict(zip(others, np.atleast_1d(combination), strict=True))) or "final loss"
+        low = line["ci_low"] if floor is None else line["ci_low"].clip(lower=floor)
+        err = np.vstack([line["mean"] - low, line["ci_high"] - line["mean"]])
+        ax.errorbar(line[x_key].map(position), line["mean"], yerr=np.nan_to_num(err),
+                    marker="o", capsize=3, label=label)
+    ax.set_xticks(range(len(x_values)), x_values)
+    ax.set(xlabel=x_key, ylabel="final loss (mean over seeds, 95% CI)",
+           title=f"Final loss against {x_key}")
+    if floor is not None:
+        ax.set(yscale="log", ylim=(floor, None))
+    ax.legend(fontsize="small")
+    return _save(plt, fig, path)
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
