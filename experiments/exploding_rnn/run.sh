@@ -4,9 +4,10 @@
 # sweep into this folder's activation/ and params/, each against its own unclipped group:
 #   activation  clip layer bound x placement    baseline clip=null      (+experiment=exploding_rnn)
 #   params      parameter-gradient methods      baseline clipping=none  (+experiment=exploding_rnn_params)
-# (One summary of both sweeps cannot do this: summarize compares along one baseline key, and a
-# parameter method's group has clip=null, an activation bound's group clipping=none.) Last,
-# table.py puts every setting of both into table.md against the one unclipped group.
+# (A summary of both sweeps at once keeps two unclipped groups, one per layer.positions value,
+# although an unclipped layer at either place is the same model.) Last, table.py checks that
+# the unclipped copies are identical and puts every setting of both sweeps into table.md
+# against the one unclipped group.
 #   bash experiments/exploding_rnn/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
