@@ -99,24 +99,32 @@ def write_hparams_config(sweep_dir: Path, configs: list[DictConfig]) -> None:
     """The HParams experiment of a sweep: every flattened config key (with the values the sweep
     takes) and the final metrics, in an event file at the sweep's root.
 
-    Written with TensorBoard's own event writer, so the launching process need not load
-    TensorFlow.
+    Written with TensorBoard's record framing and `summary_v2`, both pure Python: the
+    launching process of a sweep does not load TensorFlow (TensorBoard's EventFileWriter and
+    `hparams.api` would import it, ~10 s).
     """
     from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.plugins.hparams import api as hp
     from tensorboard.plugins.hparams import summary_v2
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    from tensorboard.plugins.hparams.summary_v2 import Discrete, HParam, Metric
+    from tensorboard.summary.writer.record_writer import RecordWriter
 
     values: dict[str, set] = {}
     for cfg in configs:
         for key, value in hparams(cfg).items():
             values.setdefault(key, set()).add(value)
-    domains = [hp.HParam(key, hp.Discrete(sorted(v))) for key, v in values.items()]
-    metrics = [hp.Metric(f"final/{name}") for name in FINAL_METRICS]
+    domains = [HParam(key, Discrete(sorted(v))) for key, v in values.items()]
+    metrics = [Metric(f"final/{name}") for name in FINAL_METRICS]
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    writer = EventFileWriter(str(sweep_dir))
-    writer.add_event(Event(summary=summary_v2.hparams_config_pb(domains, metrics), step=0))
-    writer.close()
+    with open(sweep_dir / event_file_name(), "wb") as f:
+        records = RecordWriter(f)
+        for event in (Event(wall_time=time.time(), file_version="brain.Event:2"),
+                      Event(wall_time=time.time(), step=0,
+                            summary=summary_v2.hparams_config_pb(domains, metrics))):
+            records.write(event.SerializeToString())
+
+
+def event_file_name() -> str:
+    return f"events.out.tfevents.{time.time():.0f}.{socket.gethostname()}.{os.getpid()}.v2"
 
 
 def keep_rows(path: Path, header: list[str], last_step: int) -> list[list[str]]:
@@ -164,8 +172,7 @@ class EventWriter:
         from gradexp._tf import tf
 
         self.Event = Event
-        name = f"events.out.tfevents.{time.time():.0f}.{socket.gethostname()}.{os.getpid()}.v2"
-        self.file = tf.io.TFRecordWriter(str(run_dir / (name + suffix)))
+        self.file = tf.io.TFRecordWriter(str(run_dir / (event_file_name() + suffix)))
         self.write(Event(wall_time=time.time(), file_version="brain.Event:2"))
         self.described: set[str] = set()
         self.templates: dict[tuple[str, ...], Any] = {}
