@@ -49,9 +49,11 @@ def _import_quietly():
 
 
 tf, keras = _import_quietly()
-# TensorFlow's Python side logs INFO notes (e.g. at every checkpoint save) through the
-# "tensorflow" logger, which Hydra's INFO root would print: keep its warnings only.
-logging.getLogger("tensorflow").setLevel(logging.WARNING)
+# TensorFlow's Python side logs INFO notes through the "tensorflow" and "absl" loggers (e.g.
+# "Sharding callback duration" at every checkpoint save), which Hydra's INFO root would print:
+# keep their warnings only.
+for name in ("tensorflow", "absl"):
+    logging.getLogger(name).setLevel(logging.WARNING)
 # Each run compiles its own step; in a process that trains many runs (a sweep) TensorFlow
 # takes the new functions for one function retraced and warns: not so here.
 logging.getLogger("tensorflow").addFilter(
