@@ -143,8 +143,11 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     state.save(step)
 
     wall = time.perf_counter() - started
-    tail = losses[-max(1, len(losses) // 10):]
-    final = {"loss": float(np.mean(tail)),
+    from gradexp.summarize import final_loss
+
+    # the summary's definition: the last 10% of the steps before the divergence, if any
+    measured = losses if diverged_step is None else losses[:diverged_step - 1]
+    final = {"loss": final_loss(measured) if measured else None,
              "val_loss": val["loss/val"] if val else None,
              "val_accuracy": val["accuracy/val"] if val else None}
     runlog.close(step, final)
@@ -160,8 +163,9 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     if stopped_by is not None:
         summary["stopped_by"] = signal.Signals(stopped_by).name
     write_json(run_dir / "summary.json", summary)
-    log.info("%s: final loss %.4f, val accuracy %s, %d steps in %.1f s -> %s", status,
-             final["loss"],
+    log.info("%s: final loss %s, val accuracy %s, %d steps in %.1f s -> %s",
+             f"diverged at step {diverged_step}" if status == "diverged" else status,
+             "n/a" if final["loss"] is None else f"{final['loss']:.4f}",
              "n/a" if final["val_accuracy"] is None else f"{final['val_accuracy']:.4f}",
              step, wall, run_dir)
     if stopped_by is not None:

@@ -35,6 +35,11 @@ def test_a_diverging_run_stops_at_its_step_and_is_a_result(make_cfg, tmp_path):
     assert 1 < step < 200 and table["step"].iloc[-1] < 200  # it stopped early
     assert summarize.table_divergence_step(table, 1000.0) == step  # one rule, both places
     assert table["step"].iloc[-1] >= step  # the diverging step is in the table
+    # its final loss, here and in the summary: the last 10% of the steps before the divergence
+    before = table["loss/train"].to_numpy()[: step - 1]
+    expected = before[-max(1, len(before) // 10):].mean()
+    assert summary["final_loss"] == pytest.approx(expected, rel=1e-6)
+    assert summarize.run_metrics(table)["final_loss"] == pytest.approx(expected, rel=1e-6)
 
 
 def test_on_divergence_continue_skips_non_finite_updates(make_cfg, tmp_path):
