@@ -163,10 +163,12 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     if stopped_by is not None:
         summary["stopped_by"] = signal.Signals(stopped_by).name
     write_json(run_dir / "summary.json", summary)
-    log.info("%s: final loss %s, val accuracy %s, %d steps in %.1f s -> %s",
+    accuracy, val_loss = final["val_accuracy"], final["val_loss"]
+    log.info("%s: final loss %s, %s, %d steps in %.1f s -> %s",
              f"diverged at step {diverged_step}" if status == "diverged" else status,
              "n/a" if final["loss"] is None else f"{final['loss']:.4f}",
-             "n/a" if final["val_accuracy"] is None else f"{final['val_accuracy']:.4f}",
+             f"val accuracy {accuracy:.4f}" if accuracy is not None and np.isfinite(accuracy)
+             else "val loss n/a" if val_loss is None else f"val loss {val_loss:.4f}",
              step, wall, run_dir)
     if stopped_by is not None:
         log.info("resume with: python -m gradexp.train resume=%s", run_dir)

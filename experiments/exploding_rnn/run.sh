@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate this study: two sweeps of the same unstable RNN (85 runs, about 17 minutes on 2 busy
+# Regenerate this study: two sweeps of the same unstable RNN (85 runs, about 12 minutes on 2
 # CPU cores) into outputs/multirun/exploding_rnn/<time>/{activation,params}/, then one summary per
 # sweep into this folder's activation/ and params/, each against its own unclipped group:
 #   activation  clip layer bound x placement    baseline clip=null      (+experiment=exploding_rnn)
