@@ -54,8 +54,9 @@ EXTRA: list[str] = []  # overrides given on the command line, for every configur
 
 
 def compose_cfg(steps: int, *overrides: str):
-    """The real config, with `steps` steps, one evaluation (at the end), no checkpoints, and
-    no early stop (a run that diverges keeps its speed measurable)."""
+    """The real config, with `steps` steps, one evaluation (at the end) and no checkpoints;
+    otherwise the defaults a run has (on_divergence=stop: `continue` wraps the update in a
+    conditional that costs the compute-bound MLP ~3%)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -63,7 +64,7 @@ def compose_cfg(steps: int, *overrides: str):
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         return compose("config", overrides=[
             f"trainer.steps={steps}", f"trainer.eval_every={steps}",
-            "trainer.checkpoint_every=0", "trainer.on_divergence=continue", *EXTRA,
+            "trainer.checkpoint_every=0", *EXTRA,
             *overrides])
 
 
@@ -85,26 +86,30 @@ def _setup(cfg):
     keras.utils.set_random_seed(cfg.seed)
     devices.precision(cfg.precision)
     arrays = data.load(cfg.dataset)
-    train_batches, _ = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed)
-    return arrays, train_batches
+    train_batches, val_batches = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed)
+    return arrays, train_batches, val_batches
 
 
 def unlogged_steps_per_s(cfg) -> float:
-    """gradexp's compiled calls alone: the same steps and measurements, nothing written."""
+    """gradexp's compiled calls alone: the same steps, measurements and final evaluation,
+    nothing written (no table, events, histograms or progress lines)."""
     from gradexp import devices
     from gradexp._tf import tf
     from gradexp.train import compile_step
 
-    arrays, train_batches = _setup(cfg)
+    arrays, train_batches, val_batches = _setup(cfg)
     strategy = devices.strategy(cfg.strategy)
     compiled = compile_step(cfg, arrays, strategy)
+    compiled.val_batches = val_batches
     iterator = iter(strategy.experimental_distribute_dataset(train_batches))
     n = tf.constant(cfg.trainer.log_every)
     compiled.train_steps(iterator, n).numpy()  # traces
+    compiled.evaluate.get_concrete_function()
     calls = max(1, cfg.trainer.steps // cfg.trainer.log_every - 1)
     start = time.perf_counter()
     for _ in range(calls):
         compiled.train_steps(iterator, n).numpy()
+    compiled.evaluate()["loss/val"].numpy()  # the run's one evaluation, at its end
     return calls * cfg.trainer.log_every / (time.perf_counter() - start)
 
 
@@ -122,7 +127,7 @@ def bare_loop_steps_per_s(cfg) -> float:
     """The textbook custom loop: one tf.function call per step, forward, backward, update."""
     from gradexp._tf import tf
 
-    arrays, train_batches = _setup(cfg)
+    arrays, train_batches, _ = _setup(cfg)
     model, optimizer, per_example_loss = _model_and_loss(cfg, arrays)
     params = model.trainable_variables
     optimizer.build(params)
@@ -149,7 +154,7 @@ def keras_fit_steps_per_s(cfg) -> float:
     """model.fit as Keras users run it (its own defaults: jit_compile="auto"); epoch 2 timed."""
     from gradexp._tf import keras, tf
 
-    arrays, train_batches = _setup(cfg)
+    arrays, train_batches, _ = _setup(cfg)
     model, optimizer, per_example_loss = _model_and_loss(cfg, arrays)
     model.compile(optimizer=optimizer,  # the summed loss, as gradexp's default trains
                   loss=lambda y, outputs: tf.reduce_sum(per_example_loss(y, outputs)))
@@ -239,9 +244,11 @@ def write_sweep(sweep: Path, runs: int, steps: int) -> None:
 
     names = metric_names(["dense_1", "dense_2", "dense_3"])
     rng = np.random.default_rng(0)
+    composed = {clip: compose_cfg(steps, f"clip={clip}") for clip in ("null", "0.1")}
     for k in range(runs):
         clip, seed = ("null", "0.1")[k % 2], k // 2
-        cfg = compose_cfg(steps, f"clip={clip}", f"seed={seed}")
+        cfg = composed[clip].copy()
+        cfg.seed = seed
         run_dir = sweep / str(k)
         (run_dir / ".hydra").mkdir(parents=True)
         overrides = [f"clip={clip}", f"seed={seed}"]
@@ -292,21 +299,26 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m gradexp.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
-                        help="fewer steps and repeats (under 2 minutes on 2 cores)")
+                        help="fewer steps and repeats, and only the ratios the targets name "
+                             "on the default and compute-bound MLPs, the summary and the config "
+                             "error (under 2 minutes on 2 cores); per-model, checkpoint and "
+                             "determinism ratios come from the full run (about 15 minutes)")
     parser.add_argument("--repeats", type=int, help="rounds per comparison (default 3, quick 2)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides for every run, e.g. trainer.jit_compile=false")
     args = parser.parse_args(argv)
     EXTRA[:] = args.overrides
     repeats = args.repeats or (2 if args.quick else 3)
-    steps = 600 if args.quick else 3000
-    wide_steps = 20 if args.quick else 60
+    steps = 1000 if args.quick else 3000
+    wide_steps = 30 if args.quick else 60
     out: dict[str, float] = {}
+    since = [time.perf_counter()]
 
     def report(label: str, values: dict[str, float]) -> None:
         out.update(values)
         shown = ", ".join(f"{k} {v:.3g}" for k, v in values.items())
-        print(f"{label}: {shown}", flush=True)
+        print(f"{label}: {shown}  ({time.perf_counter() - since[0]:.0f} s)", flush=True)
+        since[0] = time.perf_counter()
 
     mlp = compose_cfg(steps)
     speeds = side_by_side({
@@ -336,19 +348,23 @@ def main(argv: list[str] | None = None) -> dict:
         "gflop_per_s_wide": flops / 1e9, "gflop_per_s_matmul": speeds["matmul_flops"] / 1e9,
         "flop_fraction": flops / speeds["matmul_flops"]})
 
-    for name in ("cnn", "rnn", "transformer"):
-        cfg = compose_cfg(steps // 3, *WORKLOADS[name])
-        speeds = side_by_side({"gradexp": lambda cfg=cfg: gradexp_steps_per_s(cfg),
-                               "keras_fit": lambda cfg=cfg: keras_fit_steps_per_s(cfg)},
-                              1 if args.quick else repeats)
-        report(f"{name}", {f"vs_keras_fit_{name}": speeds["gradexp"] / speeds["keras_fit"]})
+    if not args.quick:  # each model compiles twice (~10 s): the full run only
+        for name in ("cnn", "rnn", "transformer"):
+            cfg = compose_cfg(steps // 3, *WORKLOADS[name])
+            speeds = side_by_side({"gradexp": lambda cfg=cfg: gradexp_steps_per_s(cfg),
+                                   "keras_fit": lambda cfg=cfg: keras_fit_steps_per_s(cfg)},
+                                  repeats)
+            report(f"{name}", {f"vs_keras_fit_{name}": speeds["gradexp"] / speeds["keras_fit"]})
 
-    checkpointed = compose_cfg(steps, "trainer.checkpoint_every=100")
-    speeds = side_by_side({"none": lambda: gradexp_steps_per_s(mlp),
-                           "every_100": lambda: gradexp_steps_per_s(checkpointed)}, repeats)
-    report("checkpoints", {"checkpoint_cost": speeds["none"] / speeds["every_100"]})
-    report("determinism", determinism_cost(steps, repeats))
-    report("summarize", summarize_vs_tbparse(100, 100 if args.quick else 1000, repeats))
+        checkpointed = compose_cfg(steps, "trainer.checkpoint_every=100")
+        speeds = side_by_side({"none": lambda: gradexp_steps_per_s(mlp),
+                               "every_100": lambda: gradexp_steps_per_s(checkpointed)},
+                              repeats)
+        report("checkpoints", {"checkpoint_cost": speeds["none"] / speeds["every_100"]})
+        report("determinism", determinism_cost(steps, repeats))
+    # tbparse takes ~17 s for 100 runs of 100 steps (2 cores): one round in --quick
+    report("summarize", summarize_vs_tbparse(100, 100 if args.quick else 1000,
+                                             1 if args.quick else repeats))
     report("config error", {"config_error_s": config_error_seconds(repeats)})
     print(json.dumps({k: round(v, 4) for k, v in out.items()}))
     return out

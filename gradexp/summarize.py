@@ -113,8 +113,8 @@ def read_run(run_dir: Path, name: str = ".") -> Run:
         raise Unreadable("no .hydra/ (not a Hydra run directory)")
     overrides = parse_overrides(_read_yaml(hydra_dir / "overrides.yaml", list))
     summary = read_summary(run_dir / "summary.json")
-    config = summary.get("config") or {}
-    if (hydra_dir / "config.yaml").exists():
+    config = summary.get("config") or {}  # the composed config, as in .hydra/config.yaml
+    if not config and (hydra_dir / "config.yaml").exists():  # a run that wrote no summary
         config = _read_yaml(hydra_dir / "config.yaml", dict)
     status = summary.get("status", "unknown")
     if status == "failed":
