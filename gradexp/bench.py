@@ -7,8 +7,9 @@ alike. The last line printed is one JSON object:
     vs_keras_fit          gradexp's steps/s ÷ Keras model.fit's, same model, data, batch and
                           optimizer (clip layers in both); per model, and on the default MLP
     vs_bare_loop          gradexp with its default logging ÷ a bare tf.function loop (one
-                          call per step, nothing logged); on the default MLP and a
-                          compute-bound one (width 1024, batch 512)
+                          call per step, nothing logged, the run's one evaluation at the
+                          end); on the default MLP and a compute-bound one (width 1024,
+                          batch 512)
     layer_overhead        time per step with clip layers at clip=null ÷ without the layers
     logging_overhead      time per step with the default logging ÷ the same loop, nothing written
     summarize_vs_tbparse  tbparse's time to load a 100-run sweep ÷ gradexp.summarize's time to
@@ -124,10 +125,11 @@ def _model_and_loss(cfg, arrays):
 
 
 def bare_loop_steps_per_s(cfg) -> float:
-    """The textbook custom loop: one tf.function call per step, forward, backward, update."""
+    """The textbook custom loop: one tf.function call per step, forward, backward, update,
+    nothing logged; and the one evaluation at the end that the run it is compared with makes."""
     from gradexp._tf import tf
 
-    arrays, train_batches, _ = _setup(cfg)
+    arrays, train_batches, val_batches = _setup(cfg)
     model, optimizer, per_example_loss = _model_and_loss(cfg, arrays)
     params = model.trainable_variables
     optimizer.build(params)
@@ -139,14 +141,23 @@ def bare_loop_steps_per_s(cfg) -> float:
         optimizer.apply(tape.gradient(loss, params), params)
         return loss
 
+    @tf.function
+    def evaluate():
+        total = 0.0
+        for x, y in val_batches:
+            total += tf.reduce_sum(per_example_loss(y, model(x, training=False)))
+        return total
+
     iterator = iter(train_batches)
     for _ in range(3):  # trace and compile
         step(*next(iterator))
+    evaluate.get_concrete_function()
     steps = cfg.trainer.steps
     start = time.perf_counter()
     for _ in range(steps):
         loss = step(*next(iterator))
     loss.numpy()
+    evaluate().numpy()
     return steps / (time.perf_counter() - start)
 
 
@@ -310,7 +321,7 @@ def main(argv: list[str] | None = None) -> dict:
     EXTRA[:] = args.overrides
     repeats = args.repeats or (2 if args.quick else 3)
     steps = 1000 if args.quick else 3000
-    wide_steps = 30 if args.quick else 60
+    wide_steps = 40 if args.quick else 60
     out: dict[str, float] = {}
     since = [time.perf_counter()]
 

@@ -105,7 +105,7 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     histogram_batches = iter(train_batches)  # its own stream: the training order stays as is
     c.evaluate.get_concrete_function()  # trace now: steps/s measures the steady state
     if t.histogram_every:
-        c.gradients.get_concrete_function(*train_batches.element_spec)
+        c.gradients(*next(iter(train_batches)))  # the first call also optimizes the graph
     runlog = RunLog(run_dir, names, cfg, start_step=step)
     losses = [float(row[1 + names.index("loss/train")]) for row in runlog.past_rows]
     val, diverged_step, stopped_by = None, None, None
