@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="fewer steps and repeats, and only the ratios the targets name "
                              "on the default and compute-bound MLPs, the summary and the config "
                              "error (under 2 minutes on 2 cores); per-model, checkpoint and "
-                             "determinism ratios come from the full run (about 18 minutes)")
+                             "determinism ratios come from the full run (about 17 minutes)")
     parser.add_argument("--repeats", type=int, help="rounds per comparison (default 3, quick 2)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides for every run, e.g. trainer.jit_compile=false")
