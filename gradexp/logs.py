@@ -143,7 +143,7 @@ def keep_rows(path: Path, header: list[str], last_step: int) -> list[list[str]]:
                          "checkpoint; cannot resume into it")
     tmp = path.with_suffix(".csv.tmp")
     with open(tmp, "w", newline="") as f:
-        csv.writer(f).writerows([header, *kept])
+        csv.writer(f, lineterminator="\n").writerows([header, *kept])  # as the run wrote it
     os.replace(tmp, path)
     return kept
 

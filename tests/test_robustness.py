@@ -97,8 +97,8 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run(tmp_path, u
     assert summary_of(run_dir)["status"] == "completed"
     after = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir() if p.is_file()}
     assert after == before  # the run's own config is kept; the resume's sits beside it
-    whole, pieced = (pd.read_csv(d / "metrics.csv") for d in (uninterrupted, run_dir))
-    pd.testing.assert_frame_equal(pieced, whole)  # every step, exactly
+    # every step, to the last digit
+    assert (run_dir / "metrics.csv").read_bytes() == (uninterrupted / "metrics.csv").read_bytes()
     assert summary_of(run_dir)["final_loss"] == summary_of(uninterrupted)["final_loss"]
 
 
