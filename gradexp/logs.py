@@ -234,7 +234,7 @@ class RunLog:
 
         self.run_dir, self.names = run_dir, list(names)
         header = ["step", *self.names, *VAL_COLUMNS]
-        self.past_rows = keep_rows(run_dir / "metrics.csv", header, start_step)
+        self._past_rows = keep_rows(run_dir / "metrics.csv", header, start_step)
         self._table_file = open(run_dir / "metrics.csv", "a" if start_step else "w", newline="")
         self._row_format = ",".join(["%d"] + ["%.9g"] * len(self.names)) + ",%s,%s\n"
         self.events = EventWriter(run_dir)
@@ -245,10 +245,17 @@ class RunLog:
         self.events.summary(0, hp.hparams_pb(hparams(cfg)))
         self.events.summary(0, custom_scalars_layout(self.names))
 
+    def past_values(self, name: str) -> list[np.float32]:
+        """A resumed run's measurement `name` at steps 1..start_step, as the float32 numbers
+        the table was written from (so a resumed run's figures are an uninterrupted run's)."""
+        column = 1 + self.names.index(name)
+        return [np.float32(row[column]) for row in self._past_rows]
+
     def steps(self, steps: np.ndarray, rows: np.ndarray, val: dict[str, float] | None) -> None:
         """Record measured steps (`rows[i]` belongs to `steps[i]`); `val` to the last of them.
 
-        The table gets `%.9g`: nine significant digits give back every float32 exactly."""
+        The table gets `%.9g`: nine significant digits, read back as float32, give back every
+        float32 exactly (summarize and a resumed run read it so)."""
         if len(rows) == 0:
             return
         listed = rows.tolist()

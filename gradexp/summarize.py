@@ -186,6 +186,10 @@ def read_metrics(path: Path, partial_last_row: bool = False) -> pd.DataFrame:
         table = pd.read_csv(io.StringIO(body))
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
         raise Unreadable(f"metrics.csv is corrupt ({exc})") from None
+    # the table holds float32 values in nine digits: read back as float32 they are the run's
+    # own numbers (as a float64 parse they differ in the ninth digit from summary.json's)
+    measured = table.select_dtypes("float").columns.drop("step", errors="ignore")
+    table[measured] = table[measured].astype(np.float32).astype(float)
     return _checked(table, "metrics.csv")
 
 

@@ -107,7 +107,7 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     if t.histogram_every:
         c.gradients(*next(iter(train_batches)))  # the first call also optimizes the graph
     runlog = RunLog(run_dir, names, cfg, start_step=step)
-    losses = [float(row[1 + names.index("loss/train")]) for row in runlog.past_rows]
+    losses = runlog.past_values("loss/train")
     val, diverged_step, stopped_by = None, None, None
     # steps/s: from the end of the first call (which traces and compiles) to the end of the
     # loop, so that it counts the logging, evaluation and checkpoints of those steps

@@ -72,7 +72,7 @@ def test_basic_launcher(basic_sweep):
     table = pd.read_csv(sweep_dir / "runs.csv", keep_default_na=False, na_values=[""])
     for run in table.itertuples():
         trainer = json.loads((sweep_dir / str(run.run) / "summary.json").read_text())["final_loss"]
-        assert run.final_loss == pytest.approx(trainer, rel=1e-6)
+        assert run.final_loss == trainer  # to the last digit
     assert (sweep_dir / "0" / ".hydra" / "overrides.yaml").read_text().count("clip=null") == 1
 
 
