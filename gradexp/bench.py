@@ -180,7 +180,7 @@ def keras_fit_steps_per_s(cfg) -> float:
 
     per_epoch = max(1, cfg.trainer.steps // 2)
     model.fit(train_batches, steps_per_epoch=per_epoch, epochs=2, verbose=0,
-              callbacks=[EpochTimer()])
+              shuffle=False, callbacks=[EpochTimer()])  # the dataset is shuffled already
     return per_epoch / times[-1]
 
 
@@ -320,8 +320,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     EXTRA[:] = args.overrides
     repeats = args.repeats or (2 if args.quick else 3)
-    steps = 1000 if args.quick else 3000
-    wide_steps = 40 if args.quick else 60
+    # --quick: each run's tracing and compilation (~3 s) outweighs its steps; fewer steps
+    # keep it under 2 minutes on a slow moment of this VM (127 s with 1000 and 40 steps)
+    steps = 600 if args.quick else 3000
+    wide_steps = 30 if args.quick else 60
     out: dict[str, float] = {}
     since = [time.perf_counter()]
 
@@ -350,7 +352,8 @@ def main(argv: list[str] | None = None) -> dict:
     wide = compose_cfg(wide_steps, *WORKLOADS["mlp_wide"], "trainer.log_every=10")
     speeds = side_by_side({"gradexp": lambda: gradexp_steps_per_s(wide),
                            "bare_loop": lambda: bare_loop_steps_per_s(wide),
-                           "matmul_flops": matmul_flops_per_s}, repeats)
+                           "matmul_flops": lambda: matmul_flops_per_s(
+                               repeats=5 if args.quick else 10)}, repeats)
     flops = mlp_flops_per_step(wide, 32, 10) * speeds["gradexp"]
     report("compute-bound MLP (width 1024, batch 512)", {
         "steps_per_s_wide_gradexp": speeds["gradexp"],
