@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import socket
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -573,17 +575,39 @@ def check_resumable(cfg: DictConfig, other_overrides: list[str]) -> None:
     if not (run_dir / ".hydra" / "overrides.yaml").is_file():
         raise ConfigError(f"resume={cfg.resume}: not a gradexp run directory (no .hydra/)")
     try:
-        status = json.loads(summary.read_text())["status"]
-    except (OSError, ValueError, KeyError):
-        status = "unknown"
+        record = json.loads(summary.read_text())
+        status = record["status"]
+    except (OSError, ValueError, KeyError, TypeError):
+        record, status = {}, "unknown"
     if status not in ("interrupted", "running"):
         raise ConfigError(f"resume={cfg.resume}: the run is {status}; only an interrupted or "
                           "killed run can be resumed")
+    if status == "running" and still_running(record):
+        raise ConfigError(f"resume={cfg.resume}: the run is still going (pid {record['pid']}); "
+                          f"stop it first (kill -TERM {record['pid']}) or let it finish")
     if not (run_dir / "checkpoints" / "checkpoint").is_file():
         raise ConfigError(f"resume={cfg.resume}: no checkpoint in {run_dir / 'checkpoints'}")
     if other_overrides:
         raise ConfigError(f"resume={cfg.resume}: the run goes on with its own config; drop "
                           f"{' '.join(other_overrides)}")
+
+
+def still_running(record: dict[str, Any]) -> bool:
+    """Whether the process a "running" summary.json names is alive on this host (a killed
+    run's is not: two processes must never write one run directory). Elsewhere: unknown, no."""
+    pid = record.get("pid")
+    if record.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a dead run's pid taken by another program since
+        return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
 
 
 # ------------------------------------------------------------------------------ validation

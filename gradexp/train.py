@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -86,6 +87,7 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     started = time.perf_counter()
     t = cfg.trainer
     write_json(run_dir / "summary.json", {"status": "running", "overrides": list(overrides),
+                                          "host": socket.gethostname(), "pid": os.getpid(),
                                           "config": OmegaConf.to_container(cfg)})
     if cfg.deterministic:
         tf.config.experimental.enable_op_determinism()

@@ -153,6 +153,32 @@ def test_sigkill_loses_at_most_the_unflushed_steps_and_summarize_marks_it(tmp_pa
     assert list(pd.read_csv(run_dir / "metrics.csv")["step"]) == list(range(1, 101))
 
 
+def test_resume_refuses_a_run_whose_process_is_still_going(tmp_path):
+    """A "running" summary.json whose process is alive on this host is not a killed run: a
+    resume would have two processes writing one directory."""
+    import socket
+
+    from omegaconf import OmegaConf
+
+    from gradexp.config import ConfigError, check_resumable
+
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("[]\n")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "checkpoint").write_text("")
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True)
+    cfg = OmegaConf.create({"resume": str(tmp_path)})
+    for pid, refused in ((os.getpid(), True), (int(finished.stdout), False)):
+        summary = {"status": "running", "host": socket.gethostname(), "pid": pid}
+        (tmp_path / "summary.json").write_text(json.dumps(summary))
+        if refused:
+            with pytest.raises(ConfigError, match=f"still going \\(pid {pid}\\)"):
+                check_resumable(cfg, [])
+        else:
+            check_resumable(cfg, [])  # its process is gone: a killed run, resumable
+
+
 def test_determinism_same_config_same_numbers(uninterrupted, tmp_path):
     again = gradexp("gradexp.train", *STEADY, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
