@@ -250,7 +250,8 @@ def write_sweep(sweep: Path, runs: int, steps: int) -> None:
     """`runs` runs of `steps` steps (clip=null or 0.1, seeds) through gradexp.logs.RunLog."""
     from omegaconf import OmegaConf
 
-    from gradexp.logs import RunLog, write_json
+    from gradexp.logs import RunLog
+    from gradexp.rundir import write_json
     from gradexp.train import metric_names
 
     names = metric_names(["dense_1", "dense_2", "dense_3"])

@@ -22,7 +22,8 @@ from hydra import compose
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict, read_write
 
-from gradexp.config import ConfigError, check_device, check_resumable, explain, sweep_jobs, validate
+from gradexp.config import ConfigError, check_device, explain, sweep_jobs, validate
+from gradexp.rundir import check_resumable
 
 FAILED_RUNS: list[str] = []  # set at the end of a sweep; the entry point's exit status reads it
 
@@ -45,7 +46,7 @@ class Checks(Callback):
             check_device(config.device)
             if config.resume:
                 others = [o for o in config.hydra.overrides.task if not o.startswith("resume=")]
-                check_resumable(config, others)
+                check_resumable(config.resume, others)
 
         _exit_if_invalid(check)
         if not config.resume:

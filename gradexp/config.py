@@ -9,13 +9,9 @@ are registered in its ConfigStore); values, choices and combinations by `validat
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
-import socket
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, ClassVar
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -24,6 +20,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
+
+from gradexp.rundir import NotResumable
 
 DEVICES = ("auto", "cpu", "gpu")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -567,49 +565,6 @@ OmegaConf.register_new_resolver("gradexp.run_dir", _run_dir, replace=True)
 OmegaConf.register_new_resolver("gradexp.hydra_subdir", _hydra_subdir, replace=True)
 
 
-def check_resumable(cfg: DictConfig, other_overrides: list[str]) -> None:
-    """resume=<dir> needs a run that stopped before its end, with a checkpoint, and no other
-    settings: the run goes on with its own config."""
-    run_dir = Path(cfg.resume)
-    summary = run_dir / "summary.json"
-    if not (run_dir / ".hydra" / "overrides.yaml").is_file():
-        raise ConfigError(f"resume={cfg.resume}: not a gradexp run directory (no .hydra/)")
-    try:
-        record = json.loads(summary.read_text())
-        status = record["status"]
-    except (OSError, ValueError, KeyError, TypeError):
-        record, status = {}, "unknown"
-    if status not in ("interrupted", "running"):
-        raise ConfigError(f"resume={cfg.resume}: the run is {status}; only an interrupted or "
-                          "killed run can be resumed")
-    if status == "running" and still_running(record):
-        raise ConfigError(f"resume={cfg.resume}: the run is still going (pid {record['pid']}); "
-                          f"stop it first (kill -TERM {record['pid']}) or let it finish")
-    if not (run_dir / "checkpoints" / "checkpoint").is_file():
-        raise ConfigError(f"resume={cfg.resume}: no checkpoint in {run_dir / 'checkpoints'}")
-    if other_overrides:
-        raise ConfigError(f"resume={cfg.resume}: the run goes on with its own config; drop "
-                          f"{' '.join(other_overrides)}")
-
-
-def still_running(record: dict[str, Any]) -> bool:
-    """Whether the process a "running" summary.json names is alive on this host (a killed
-    run's is not: two processes must never write one run directory). Elsewhere: unknown, no."""
-    pid = record.get("pid")
-    if record.get("host") != socket.gethostname() or not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a dead run's pid taken by another program since
-        return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True
-
-
 # ------------------------------------------------------------------------------ validation
 def clip_bounds(cfg: DictConfig) -> tuple[float | None, float | None]:
     """(clip_min, clip_max) of the inserted layers: layer.clip_min/max, else ±clip, else None."""
@@ -684,7 +639,7 @@ def _schema_keys(schema: Any) -> list[str]:
 
 def explain(exc: BaseException) -> str | None:
     """One line for a bad-input error from Hydra, OmegaConf or `validate`; None otherwise."""
-    if isinstance(exc, ConfigError):
+    if isinstance(exc, (ConfigError, NotResumable)):
         return str(exc)
     if isinstance(exc, MissingConfigException) and exc.options is not None and exc.missing_cfg_file:
         group, _, name = exc.missing_cfg_file.rpartition("/")

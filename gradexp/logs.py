@@ -13,8 +13,6 @@
 from __future__ import annotations
 
 import csv
-import json
-import math
 import os
 import socket
 import time
@@ -53,25 +51,6 @@ def hparams(cfg: DictConfig) -> dict[str, bool | int | float | str]:
 
     visit(cfg, "")
     return flat
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON atomically (a crash leaves the old file or the new one, never half of one)."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_jsonable(data), indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.floating, float)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
 
 
 FINAL_METRICS = ("loss", "val_loss", "val_accuracy")

@@ -27,6 +27,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from gradexp.measures import divergence_step, final_loss
+
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # ~10x faster than pure Python
 DEFAULT_BASELINE = {"clip": "null", "clipping": "none"}
 SEED_KEY, LOSS, GRAD_NORM = "seed", "loss/train", "grad_norm/global"
@@ -339,28 +341,6 @@ def trailing_mean(x: np.ndarray, window: int) -> np.ndarray:
     return (sums[t] - sums[start]) / (t - start)
 
 
-def diverged(loss, grad_norm, skipped, isfinite=np.isfinite):
-    """Elementwise, whether a step diverged: its loss is not finite, or its gradient norm is not
-    finite on a step the loss-scale optimizer did not skip (under mixed_float16 an overflow
-    only lowers the loss scale). `isfinite` is np.isfinite here, tf.math.is_finite when the
-    trainer checks inside its compiled step: one rule for both."""
-    return ~isfinite(loss) | (~isfinite(grad_norm) & (skipped == 0))
-
-
-def divergence_step(steps, loss, grad_norm, skipped, factor: float,
-                    first_loss: float | None = None) -> float:
-    """The first step t that `diverged` or has loss_t > factor · loss_1 (loss_1: the run's
-    first loss, `first_loss` when the arrays start later); NaN if none. The trainer stops a
-    run at this step (train.py), by the same function."""
-    loss = np.asarray(loss, float)
-    if not len(loss):
-        return math.nan
-    first = loss[0] if first_loss is None else first_loss
-    bad = diverged(loss, np.asarray(grad_norm, float), np.asarray(skipped))
-    bad |= loss > factor * first
-    return float(np.asarray(steps)[np.argmax(bad)]) if bad.any() else math.nan
-
-
 def table_divergence_step(table: pd.DataFrame, factor: float,
                           reported_step: float = math.nan) -> float:
     """The earliest of the step the run reported (summary.json) and `divergence_step` of its
@@ -377,12 +357,6 @@ def steps_before_divergence(table: pd.DataFrame, diverged_at: float) -> pd.DataF
     if math.isnan(diverged_at):
         return table
     return table.iloc[: int(np.searchsorted(table["step"].to_numpy(), diverged_at))]
-
-
-def final_loss(loss: np.ndarray, fraction: float = 0.1) -> float:
-    """mean(loss_t) over the last max(1, ⌊fraction · n⌋) of the n steps (as summary.json)."""
-    last = max(1, math.floor(fraction * len(loss) + 1e-9))  # 1e-9: 0.1 · 30 is 3.0000000000000004
-    return float(np.asarray(loss, float)[-last:].mean())
 
 
 def last_evaluated(values: np.ndarray) -> float:

@@ -25,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from gradexp import config
 from gradexp.callbacks import FAILED_RUNS
-from gradexp.logs import write_json
+from gradexp.measures import diverged, divergence_step, final_loss
+from gradexp.rundir import write_json
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("gradexp")
@@ -145,8 +146,6 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     state.save(step)
 
     wall = time.perf_counter() - started
-    from gradexp.summarize import final_loss
-
     # the summary's definition: the last 10% of the steps before the divergence, if any
     measured = losses if diverged_step is None else losses[:diverged_step - 1]
     final = {"loss": final_loss(measured) if measured else None,
@@ -189,7 +188,6 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> SimpleNamespace:
     `val_batches` (a dataset the caller sets), `gradients(x, y)` (for histograms)."""
     from gradexp import clipping, models
     from gradexp._tf import keras, tf
-    from gradexp.summarize import diverged
 
     t = cfg.trainer
     replicas = strategy.num_replicas_in_sync
@@ -334,8 +332,7 @@ def layer_metrics(position: str, stats, tf) -> dict:
 
 
 def first_diverged_step(steps, rows, names, first_loss, factor) -> int | None:
-    """summarize.divergence_step of these rows (the run's own rule and the summary's)."""
-    from gradexp.summarize import divergence_step
+    """measures.divergence_step of these rows (the run's own rule and the summary's)."""
 
     column = {name: rows[:, i] for i, name in enumerate(names)}
     step = divergence_step(steps, column["loss/train"], column["grad_norm/global"],

@@ -142,12 +142,10 @@ def test_sigkill_loses_at_most_the_unflushed_steps_and_summarize_marks_it(tmp_pa
     tidy = pd.read_csv(run_dir.parent / "summary.csv", keep_default_na=False, na_values=[""])
     assert (tidy["incomplete"] == 1).all()
     # a killed run can be resumed from its last checkpoint; the rows after it are redone
-    from omegaconf import OmegaConf
-
-    from gradexp.config import check_resumable
     from gradexp.logs import keep_rows
+    from gradexp.rundir import check_resumable
 
-    check_resumable(OmegaConf.create({"resume": str(run_dir)}), [])
+    check_resumable(run_dir, [])
     header = list(table.columns)
     assert len(keep_rows(run_dir / "metrics.csv", header, 100)) == 100
     assert list(pd.read_csv(run_dir / "metrics.csv")["step"]) == list(range(1, 101))
@@ -158,9 +156,7 @@ def test_resume_refuses_a_run_whose_process_is_still_going(tmp_path):
     resume would have two processes writing one directory."""
     import socket
 
-    from omegaconf import OmegaConf
-
-    from gradexp.config import ConfigError, check_resumable
+    from gradexp.rundir import NotResumable, check_resumable
 
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "overrides.yaml").write_text("[]\n")
@@ -168,15 +164,14 @@ def test_resume_refuses_a_run_whose_process_is_still_going(tmp_path):
     (tmp_path / "checkpoints" / "checkpoint").write_text("")
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True)
-    cfg = OmegaConf.create({"resume": str(tmp_path)})
     for pid, refused in ((os.getpid(), True), (int(finished.stdout), False)):
         summary = {"status": "running", "host": socket.gethostname(), "pid": pid}
         (tmp_path / "summary.json").write_text(json.dumps(summary))
         if refused:
-            with pytest.raises(ConfigError, match=f"still going \\(pid {pid}\\)"):
-                check_resumable(cfg, [])
+            with pytest.raises(NotResumable, match=f"still going \\(pid {pid}\\)"):
+                check_resumable(tmp_path, [])
         else:
-            check_resumable(cfg, [])  # its process is gone: a killed run, resumable
+            check_resumable(tmp_path, [])  # its process is gone: a killed run, resumable
 
 
 def test_determinism_same_config_same_numbers(uninterrupted, tmp_path):

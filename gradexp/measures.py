@@ -1,0 +1,39 @@
+"""Pure measurements that the trainer and the analysis share, so that a run and its summary
+judge it by one rule: the divergence test and the final-loss window. NumPy only (no pandas, no
+TensorFlow): `diverged` takes `isfinite` so the compiled step can apply it to tensors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+FINAL_FRACTION = 0.1  # final_loss: the mean over the last 10% of the steps
+
+
+def diverged(loss, grad_norm, skipped, isfinite=np.isfinite):
+    """Elementwise, whether a step diverged: its loss is not finite, or its gradient norm is not
+    finite on a step the loss-scale optimizer did not skip (under mixed_float16 an overflow
+    only lowers the loss scale). `isfinite` is np.isfinite here, tf.math.is_finite when the
+    trainer checks inside its compiled step: one rule for both."""
+    return ~isfinite(loss) | (~isfinite(grad_norm) & (skipped == 0))
+
+
+def divergence_step(steps, loss, grad_norm, skipped, factor: float,
+                    first_loss: float | None = None) -> float:
+    """The first step t that `diverged` or has loss_t > factor · loss_1 (loss_1: the run's
+    first loss, `first_loss` when the arrays start later); NaN if none. The trainer stops a
+    run at this step, and the summary finds it, by this one function."""
+    loss = np.asarray(loss, float)
+    if not len(loss):
+        return math.nan
+    first = loss[0] if first_loss is None else first_loss
+    bad = diverged(loss, np.asarray(grad_norm, float), np.asarray(skipped))
+    bad |= loss > factor * first
+    return float(np.asarray(steps)[np.argmax(bad)]) if bad.any() else math.nan
+
+
+def final_loss(loss, fraction: float = FINAL_FRACTION) -> float:
+    """mean(loss_t) over the last max(1, ⌊fraction · n⌋) of the n steps (as summary.json)."""
+    last = max(1, math.floor(fraction * len(loss) + 1e-9))  # 1e-9: 0.1 · 30 is 3.0000000000000004
+    return float(np.asarray(loss, float)[-last:].mean())

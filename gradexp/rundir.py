@@ -1,0 +1,110 @@
+"""The run directory: the one contract between the training side and the analysis side.
+
+Every name a run writes or reads is spelled here, and nowhere else:
+
+    <run dir>/
+      .hydra/{config,hydra,overrides}.yaml   Hydra's record of the job (resumes add resumed-*/)
+      summary.json                           status and final figures, written atomically
+      metrics.csv                            one row per step
+      events.out.tfevents.*                  TensorBoard
+      checkpoints/                           the latest training state (resume)
+
+A run's status is one of STATUSES; `running` until it ends (a killed run stays `running`, and
+`still_running` tells it from a live one). Whether a run may be resumed is decided here too.
+NumPy and the standard library only: both sides import this module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SUMMARY = "summary.json"
+METRICS = "metrics.csv"
+CHECKPOINTS = "checkpoints"
+HYDRA = ".hydra"
+OVERRIDES = f"{HYDRA}/overrides.yaml"
+CONFIG = f"{HYDRA}/config.yaml"
+EVENTS_GLOB = "events.out.tfevents.*"
+
+RUNNING, COMPLETED, DIVERGED, INTERRUPTED, FAILED = (
+    "running", "completed", "diverged", "interrupted", "failed")
+STATUSES = (RUNNING, COMPLETED, DIVERGED, INTERRUPTED, FAILED)
+FINISHED = (COMPLETED, DIVERGED)  # a run that reached its end: its figures are final
+RESUMABLE = (INTERRUPTED, RUNNING)  # asked to stop, or killed
+
+
+class NotResumable(ValueError):
+    """resume=<dir> cannot go on; the message is the one line the user sees."""
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON atomically (a crash leaves the old file or the new one, never half of one)."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_jsonable(data), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def read_status(run_dir: Path) -> tuple[str, dict[str, Any]]:
+    """(status, summary.json as a dict); ("unknown", {}) when it is missing or unreadable."""
+    try:
+        record = json.loads((Path(run_dir) / SUMMARY).read_text())
+        return str(record["status"]), record
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown", {}
+
+
+def check_resumable(run_dir: Path | str, other_overrides: list[str]) -> None:
+    """resume=<dir> needs a run that stopped before its end, with a checkpoint, and no other
+    settings: the run goes on with its own config. Raises NotResumable (one line)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / OVERRIDES).is_file():
+        raise NotResumable(f"resume={run_dir}: not a gradexp run directory (no {HYDRA}/)")
+    status, record = read_status(run_dir)
+    if status not in RESUMABLE:
+        raise NotResumable(f"resume={run_dir}: the run is {status}; only an interrupted or "
+                           "killed run can be resumed")
+    if status == RUNNING and still_running(record):
+        raise NotResumable(f"resume={run_dir}: the run is still going (pid {record['pid']}); "
+                           f"stop it first (kill -TERM {record['pid']}) or let it finish")
+    if not (run_dir / CHECKPOINTS / "checkpoint").is_file():
+        raise NotResumable(f"resume={run_dir}: no checkpoint in {run_dir / CHECKPOINTS}")
+    if other_overrides:
+        raise NotResumable(f"resume={run_dir}: the run goes on with its own config; drop "
+                           f"{' '.join(other_overrides)}")
+
+
+def still_running(record: dict[str, Any]) -> bool:
+    """Whether the process a "running" summary.json names is alive on this host (a killed
+    run's is not: two processes must never write one run directory). Elsewhere: unknown, no."""
+    pid = record.get("pid")
+    if record.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a dead run's pid taken by another program since
+        return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
