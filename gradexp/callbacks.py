@@ -2,9 +2,10 @@
 
 - `Checks`: every job's config is validated before any run directory is made; a sweep is
   checked whole before its first run.
-- `SweepRecord`: a sweep's root gets TensorBoard's HParams experiment config (so the HParams
-  view lists every run with its settings and final metrics) and, at the end, a one-line account
-  of the runs with the command that summarizes them.
+- `SweepRecord`: at the end of a sweep, a one-line account of the runs with the command that
+  summarizes them; exit status 1 when a run did not finish (a sweep goes on past a crashed run,
+  and says so at the end). `Checks` writes the sweep root's HParams experiment config, so the
+  TensorBoard HParams view lists every run with its settings and final metrics.
 
 Hydra turns a callback's exceptions into warnings, so a bad value ends the process here, with
 one line and exit status 2.
@@ -12,7 +13,6 @@ one line and exit status 2.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -22,10 +22,9 @@ from hydra import compose
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict, read_write
 
+from gradexp import rundir
 from gradexp.config import ConfigError, check_device, explain, sweep_jobs, validate
-from gradexp.rundir import check_resumable
-
-FAILED_RUNS: list[str] = []  # set at the end of a sweep; the entry point's exit status reads it
+from gradexp.rundir import check_resumable, read_status
 
 
 def _exit_if_invalid(check) -> Any:
@@ -87,17 +86,14 @@ def _never_reuse(node: DictConfig, key: str) -> None:
 class SweepRecord(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        statuses = {}
-        for summary in sorted(sweep_dir.glob("*/summary.json")):
-            try:
-                statuses[summary.parent.name] = json.loads(summary.read_text())["status"]
-            except (OSError, ValueError, KeyError):
-                statuses[summary.parent.name] = "unreadable"
+        statuses = {summary.parent.name: read_status(summary.parent)[0]
+                    for summary in sorted(sweep_dir.glob(f"*/{rundir.SUMMARY}"))}
         counts = Counter(statuses.values())
-        finished = ("completed", "diverged")
-        FAILED_RUNS[:] = [name for name, s in statuses.items() if s not in finished]
+        unfinished = [name for name, s in statuses.items() if s not in rundir.FINISHED]
         account = ", ".join(f"{n} {status}" for status, n in counts.most_common())
         print(f"sweep: {len(statuses)} runs ({account}) in {sweep_dir}")
-        if FAILED_RUNS:
-            print(f"runs that did not finish: {', '.join(FAILED_RUNS)} (see their summary.json)")
+        if unfinished:
+            print(f"runs that did not finish: {', '.join(unfinished)} (see their {rundir.SUMMARY})")
         print(f"summarize: python -m gradexp.summarize {sweep_dir}")
+        if unfinished:  # SystemExit passes Hydra's callback guard (it catches Exception only)
+            raise SystemExit(1)
