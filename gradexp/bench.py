@@ -96,32 +96,30 @@ def unlogged_steps_per_s(cfg) -> float:
     nothing written (no table, events, histograms or progress lines)."""
     from gradexp import devices
     from gradexp._tf import tf
-    from gradexp.train import compile_step
+    from gradexp.step import compile_step
 
     arrays, train_batches, val_batches = _setup(cfg)
     strategy = devices.strategy(cfg.strategy)
     compiled = compile_step(cfg, arrays, strategy)
-    compiled.val_batches = val_batches
     iterator = iter(strategy.experimental_distribute_dataset(train_batches))
     n = tf.constant(cfg.trainer.log_every)
     compiled.train_steps(iterator, n).numpy()  # traces
-    compiled.evaluate.get_concrete_function()
+    compiled.evaluate.get_concrete_function(val_batches)
     calls = max(1, cfg.trainer.steps // cfg.trainer.log_every - 1)
     start = time.perf_counter()
     for _ in range(calls):
         compiled.train_steps(iterator, n).numpy()
-    compiled.evaluate()["loss/val"].numpy()  # the run's one evaluation, at its end
+    compiled.evaluate(val_batches)["loss/val"].numpy()  # the run's one evaluation, at its end
     return calls * cfg.trainer.log_every / (time.perf_counter() - start)
 
 
 def _model_and_loss(cfg, arrays):
     from gradexp import models
-    from gradexp._tf import keras, tf
-    from gradexp.train import make_optimizer, task_loss
+    from gradexp.step import make_optimizer, task_loss
 
     model = models.build(cfg, arrays.input_shape, arrays.num_outputs)
-    optimizer = make_optimizer(cfg.optimizer, cfg.precision, keras)
-    return model, optimizer, task_loss(arrays.num_classes, keras, tf)
+    optimizer = make_optimizer(cfg.optimizer, cfg.precision)
+    return model, optimizer, task_loss(arrays.num_classes)
 
 
 def bare_loop_steps_per_s(cfg) -> float:
@@ -252,7 +250,7 @@ def write_sweep(sweep: Path, runs: int, steps: int) -> None:
 
     from gradexp.logs import RunLog
     from gradexp.rundir import write_json
-    from gradexp.train import metric_names
+    from gradexp.step import metric_names
 
     names = metric_names(["dense_1", "dense_2", "dense_3"])
     rng = np.random.default_rng(0)

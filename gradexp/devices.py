@@ -49,3 +49,18 @@ def strategy(name: str):
     gpus = tf.config.list_logical_devices("GPU")
     devices = [d.name for d in gpus or tf.config.list_logical_devices("CPU")]
     return tf.distribute.MirroredStrategy(devices)
+
+
+def prepare_process(device: str, policy: str, seed: int, deterministic: bool) -> str:
+    """Everything a run sets in its process before building a model, reset every run (a
+    reused worker keeps the last run's state): op determinism, devices, a fresh Keras session,
+    the seeds, the dtype policy. Returns `configure`'s description of the devices."""
+    from gradexp._tf import keras
+
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+    where = configure(device)
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(seed)
+    precision(policy)
+    return where

@@ -10,7 +10,8 @@ import pytest
 from gradexp import config, models
 from gradexp._tf import tf
 from gradexp.layers import STATS, clip_gradient
-from gradexp.train import metric_names, train
+from gradexp.step import metric_names
+from gradexp.train import train
 
 TINY_MODELS = {
     "mlp": ["model.depth=2", "model.width=8"],

@@ -1,0 +1,175 @@
+"""The compiled training step: `compile_step` builds the model, its optimizer and clipper, and
+returns them with the compiled functions a run calls, as one immutable `CompiledStep`.
+
+One step (`replica_step`, on one screen): forward and backward on this replica's share of the
+batch, gradients summed over replicas, parameter clipping on the sum, the optimizer's update;
+it returns its measurements as a dict (big_vision's `update_fn` style), stacked into one row of
+`names` per step. The clip layers' statistics come back as the gradients of their probes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from gradexp import clipping, models
+from gradexp._tf import keras, tf
+from gradexp.measures import diverged
+
+
+@dataclass(frozen=True)
+class CompiledStep:
+    """What a run trains with. `train_steps(iterator, n)`: up to n steps in one call, one row
+    of `names` per step (it stops after a step that diverged when the run stops there);
+    `evaluate(val_batches)`: {"loss/val", "accuracy/val"} over one pass of a dataset;
+    `gradients(x, y)`: {"gradients/<variable path>": gradient}, for histograms."""
+
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    clipper: clipping.Clipper
+    names: tuple[str, ...]
+    train_steps: Callable[[Any, tf.Tensor], tf.Tensor]
+    evaluate: Callable[[tf.data.Dataset], dict[str, tf.Tensor]]
+    gradients: Callable[[tf.Tensor, tf.Tensor], dict[str, tf.Tensor]]
+
+
+def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
+    """The model of `cfg` for `arrays`' shapes, built under `strategy`, and its compiled
+    functions (see CompiledStep)."""
+    t = cfg.trainer
+    replicas = strategy.num_replicas_in_sync
+    with strategy.scope():
+        model = models.build(cfg, arrays.input_shape, arrays.num_outputs)
+        params = model.trainable_variables
+        optimizer = make_optimizer(cfg.optimizer, cfg.precision)
+        optimizer.build(params)
+        head = models.head(model).trainable_variables
+        clipper = clipping.make_clipper(cfg.clipping, params, output_params=head)
+    loss_scale = getattr(optimizer, "dynamic_scale", None)  # mixed_float16 only
+    layers = models.clip_layers(model)
+    for layer in layers:
+        layer.follow_loss_scale(loss_scale)
+    probes = [layer.gradient_stats.value for layer in layers]
+    names = metric_names([layer.name.removeprefix("clip_") for layer in layers],
+                         loss_scaling=loss_scale is not None)
+    per_example_loss = task_loss(arrays.num_classes)
+    stop_at_divergence = t.on_divergence == "stop"
+    skip_non_finite = not stop_at_divergence and loss_scale is None  # the LSO skips by itself
+    loss_weight = 1.0 if t.loss_reduction == "sum" else 1.0 / t.batch_size  # global batch
+
+    def gradients_of(x, y):
+        """Forward and backward on this replica's share of the batch."""
+        with tf.GradientTape() as tape:
+            tape.watch(probes)
+            losses = per_example_loss(y, model(x, training=True))
+            scaled_loss = optimizer.scale_loss(tf.reduce_sum(losses) * loss_weight)
+        grads, stats = tape.gradient(scaled_loss, (params, probes))
+        return grads, stats, tf.reduce_sum(losses)
+
+    def replica_step(x, y):
+        """One step: gradients summed over replicas, parameter clipping on the sum, update."""
+        sums = tf.distribute.get_replica_context().all_reduce("SUM", gradients_of(x, y))
+        grads, stats, loss_sum = sums
+        scale = 1.0 if loss_scale is None else tf.cast(loss_scale, tf.float32)
+        clipped, c = clipper([g / scale for g in grads], params)
+        # The optimizer sums over replicas again and unscales: hand it scale·g / replicas.
+        update = [g * (scale / replicas) for g in clipped]
+        if skip_non_finite:  # keep going past a divergence, without its non-finite updates
+            tf.cond(tf.math.is_finite(c["norm_before"]),
+                    lambda: [optimizer.apply(update, params), tf.constant(True)][1],
+                    lambda: tf.constant(False))
+        else:
+            optimizer.apply(update, params)
+        metrics = {"loss/train": loss_sum / t.batch_size,
+                   "grad_norm/global": c["norm_before"], "grad_norm/global/post": c["norm_after"],
+                   "param_clip/threshold": c["threshold"], "param_clip/clipped": c["clipped"],
+                   "learning_rate": tf.cast(optimizer.learning_rate, tf.float32)}
+        if loss_scale is not None:
+            metrics["loss_scale"] = scale
+            metrics["skipped"] = 1.0 - tf.cast(tf.math.is_finite(c["norm_before"]), tf.float32)
+        for layer, s in zip(layers, stats, strict=True):
+            metrics.update(layer_metrics(layer.name.removeprefix("clip_"), s))
+        return metrics
+
+    if replicas > 1:  # XLA cannot compile the cross-replica sum: compile the replica's part
+        gradients_of = tf.function(gradients_of, jit_compile=t.jit_compile)
+    else:
+        replica_step = tf.function(replica_step, jit_compile=t.jit_compile)
+
+    def train_step(x, y):  # every replica returns the same measurements: keep the first's
+        return strategy.experimental_local_results(strategy.run(replica_step, (x, y)))[0]
+
+    @tf.function
+    def train_steps(iterator, n):
+        """Up to n steps in one call; stops after a step that diverged (see `diverged`)."""
+        rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+        for i in tf.range(n):
+            x, y = next(iterator)
+            m = train_step(x, y)
+            rows = rows.write(i, tf.stack([m[k] for k in names]))
+            if stop_at_divergence and diverged(m["loss/train"], m["grad_norm/global"],
+                                               m.get("skipped", 0.0), isfinite=tf.math.is_finite):
+                break
+        return rows.stack()
+
+    @tf.function
+    def evaluate(val_batches):
+        loss_sum, correct, count = 0.0, 0.0, 0.0
+        for x, y in val_batches:
+            outputs = model(x, training=False)
+            loss_sum += tf.reduce_sum(per_example_loss(y, outputs))
+            if arrays.num_classes is not None:
+                predicted = tf.argmax(outputs, axis=-1, output_type=tf.int32)
+                correct += tf.reduce_sum(tf.cast(predicted == y, tf.float32))
+            count += tf.cast(tf.shape(y)[0], tf.float32)
+        accuracy = correct / count if arrays.num_classes is not None else float("nan")
+        return {"loss/val": loss_sum / count, "accuracy/val": accuracy}
+
+    @tf.function
+    def gradients(x, y):  # for histograms only: the step itself stays lean
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(per_example_loss(y, model(x, training=True))) * loss_weight
+        grads = tape.gradient(loss, params)
+        return {f"gradients/{v.path}": g for v, g in zip(params, grads, strict=True)}
+
+    return CompiledStep(model, optimizer, clipper, tuple(names), train_steps, evaluate, gradients)
+
+
+def make_optimizer(o: DictConfig, precision: str):
+    """The optimizer of `o`; under mixed_float16 inside Keras's dynamic loss scaling."""
+    if o.name == "sgd":
+        optimizer = keras.optimizers.SGD(o.learning_rate, momentum=o.momentum,
+                                         nesterov=o.nesterov)
+    else:
+        optimizer = keras.optimizers.Adam(o.learning_rate, beta_1=o.beta_1, beta_2=o.beta_2,
+                                          epsilon=o.epsilon)
+    if precision == "mixed_float16":
+        return keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+def task_loss(num_classes: int | None):
+    """Per-example loss: cross-entropy of logits, or squared error of one output (regression)."""
+    if num_classes is not None:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    return lambda y, outputs: tf.square(outputs[:, 0] - tf.cast(y, outputs.dtype))
+
+
+def metric_names(positions: list[str], loss_scaling: bool = False) -> list[str]:
+    """The per-step measurements, in the order of the rows the step returns."""
+    per_layer = [f"{kind}/{p}{suffix}" for p in positions
+                 for kind, suffix in (("grad_norm", "/pre"), ("grad_norm", "/post"),
+                                      ("clip_fraction", ""))]
+    scaling = ["loss_scale", "skipped"] if loss_scaling else []
+    return ["loss/train", "grad_norm/global", "grad_norm/global/post", "param_clip/threshold",
+            "param_clip/clipped", "learning_rate", *scaling, *per_layer]
+
+
+def layer_metrics(position: str, stats) -> dict:
+    """From a clip layer's [Σg², Σdx², clipped, count]: ‖dy‖ before, after, fraction clipped."""
+    return {f"grad_norm/{position}/pre": tf.sqrt(stats[0]),
+            f"grad_norm/{position}/post": tf.sqrt(stats[1]),
+            f"clip_fraction/{position}": stats[2] / tf.maximum(stats[3], 1.0)}
