@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from conftest import QUICK, REPO, gradexp
-from gradexp import summarize
+from gradexp.analysis.metrics import run_metrics, table_divergence_step
+from gradexp.analysis.runs import load_runs, read_metrics
 from gradexp.train import train
 
 # 1200 steps: a SIGTERM sent once 150 rows are on disk lands well before the end (300-450 steps/s
@@ -34,15 +35,15 @@ def test_a_diverging_run_stops_at_its_step_and_is_a_result(make_cfg, tmp_path):
     summary = train(make_cfg(*QUICK, "trainer.steps=200", "optimizer.learning_rate=5"), tmp_path)
     assert summary["status"] == "diverged" and summary["diverged"] is True
     step = summary["diverged_step"]
-    table = summarize.read_metrics(tmp_path / "metrics.csv")
+    table = read_metrics(tmp_path / "metrics.csv")
     assert 1 < step < 200 and table["step"].iloc[-1] < 200  # it stopped early
-    assert summarize.table_divergence_step(table, 1000.0) == step  # one rule, both places
+    assert table_divergence_step(table, 1000.0) == step  # one rule, both places
     assert table["step"].iloc[-1] >= step  # the diverging step is in the table
     # its final loss, here and in the summary: the last 10% of the steps before the divergence
     before = table["loss/train"].to_numpy()[: step - 1]
     expected = before[-max(1, len(before) // 10):].mean()
     assert summary["final_loss"] == expected  # to the last digit
-    assert summarize.run_metrics(table)["final_loss"] == expected
+    assert run_metrics(table)["final_loss"] == expected
 
 
 def test_on_divergence_continue_skips_non_finite_updates(make_cfg, tmp_path):
@@ -50,7 +51,7 @@ def test_on_divergence_continue_skips_non_finite_updates(make_cfg, tmp_path):
                    "trainer.on_divergence=continue")
     summary = train(cfg, tmp_path)
     assert summary["status"] == "diverged" and summary["steps"] == 60
-    table = summarize.read_metrics(tmp_path / "metrics.csv")
+    table = read_metrics(tmp_path / "metrics.csv")
     assert list(table["step"]) == list(range(1, 61))
 
 
@@ -135,7 +136,7 @@ def test_sigkill_loses_at_most_the_unflushed_steps_and_summarize_marks_it(tmp_pa
     table = pd.read_csv(run_dir / "metrics.csv")
     assert len(table) >= 120 and list(table["step"]) == list(range(1, len(table) + 1))
     assert summary_of(run_dir)["status"] == "running"
-    runs, skipped = summarize.load_runs(run_dir.parent)
+    runs, skipped = load_runs(run_dir.parent)
     assert skipped == [] and [r.status for r in runs] == ["running"]
     result = gradexp("gradexp.summarize", str(run_dir.parent), cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -11,7 +11,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from conftest import QUICK, gradexp
-from gradexp import summarize
+from gradexp.analysis.metrics import run_metrics
+from gradexp.analysis.runs import read_metrics
 from gradexp.train import train
 
 LAYERS = ["dense_1", "dense_2", "dense_3"]
@@ -91,12 +92,12 @@ def test_summarize_reads_the_trainers_numbers_to_the_last_digit(clipped_run):
     """The table's nine digits parsed as float64 are off in the ninth digit; as float32 they are
     the run's numbers, and the summary's final loss is summary.json's exactly."""
     run_dir, _ = clipped_run
-    table, acc = summarize.read_metrics(run_dir / "metrics.csv"), events(run_dir)
+    table, acc = read_metrics(run_dir / "metrics.csv"), events(run_dir)
     for tag in TAGS:
         np.testing.assert_array_equal(table[tag].dropna().to_numpy(), scalar(acc, tag))
     trainer = json.loads((run_dir / "summary.json").read_text())
-    assert summarize.run_metrics(table)["final_loss"] == trainer["final_loss"]
-    assert summarize.run_metrics(table)["val_accuracy"] == trainer["val_accuracy"]
+    assert run_metrics(table)["final_loss"] == trainer["final_loss"]
+    assert run_metrics(table)["val_accuracy"] == trainer["val_accuracy"]
 
 
 def test_unclipped_run_has_equal_pre_and_post_norms(make_cfg, tmp_path):

@@ -3,8 +3,10 @@
     python experiments/exploding_rnn/table.py <sweep dir>    (run.sh calls it)
 
 Reads the runs.csv that `gradexp.summarize` wrote into activation/ and params/ (the per-run
-metrics, defined in the README's "Summarizing a sweep") and, for the share of steps whose
-parameter gradients were clipped, each run's metrics.csv under <sweep dir>. Writes table.md.
+metrics, defined in the README's "Summarizing a sweep") and each run directory under <sweep dir>
+(gradexp.analysis.runs: its config, and its metrics.csv for the share of steps whose parameter
+gradients were clipped). The intervals and the sign test are gradexp.analysis.stats'. Writes
+table.md.
 
 summarize compares along one baseline key, so each of its two reports has its own unclipped
 group (clip=null per placement; clipping=none). They are the same model: an unclipped clip layer
@@ -19,7 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.stats import beta, binomtest, t
+
+from gradexp.analysis.runs import Run, read_run
+from gradexp.analysis.stats import clopper_pearson, sign_test, t_half_width
 
 HERE = Path(__file__).resolve().parent
 PLACES = {"[rnn_1]": "after the RNN `[rnn_1]`",
@@ -30,17 +34,6 @@ def read_runs(part: str) -> pd.DataFrame:
     return pd.read_csv(HERE / part / "runs.csv", dtype=str, keep_default_na=False, na_values=[""])
 
 
-def losses(sweep: Path, part: str, run: str) -> pd.DataFrame:
-    return pd.read_csv(sweep / part / run / "metrics.csv")
-
-
-def clopper_pearson(k: int, n: int) -> tuple[float, float]:
-    """Exact 95% interval of a proportion k/n."""
-    low = beta.ppf(0.025, k, n - k + 1) if k > 0 else 0.0
-    high = beta.ppf(0.975, k + 1, n - k) if k < n else 1.0
-    return low, high
-
-
 def mean_interval(values: pd.Series) -> str:
     """mean ± 95% t half-width over the seeds that have a value; [n=k] when some have none."""
     seeds, values = len(values), values.dropna().astype(float)
@@ -48,17 +41,14 @@ def mean_interval(values: pd.Series) -> str:
         return "—"
     if len(values) == 1:
         return f"{values.iloc[0]:.3g} [n=1]"
-    half = t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
+    half = float(t_half_width(values.std(ddof=1), len(values)))
     some = "" if len(values) == seeds else f" [n={len(values)}]"
     return f"{values.mean():.3g} ± {half:.2g}{some}"
 
 
-def method(sweep: Path, run: str) -> str:
+def method(run: Run) -> str:
     """`clipping=<name>` and its bound, from the run's composed config."""
-    import yaml
-
-    cfg = yaml.safe_load((sweep / "params" / run / ".hydra" / "config.yaml").read_text())
-    c = cfg["clipping"]
+    c = run.config["clipping"]
     bound = {"global_norm": f"‖g‖ ≤ {c.get('max_norm')}",
              "norm": f"each tensor's ‖g_i‖ ≤ {c.get('max_norm')}",
              "value": f"each element to ±{c.get('max_value')}", "agc": f"λ = {c.get('factor')}",
@@ -72,7 +62,8 @@ def per_run(sweep: Path) -> pd.DataFrame:
     rows = []
     for part in ("activation", "params"):
         for _, r in read_runs(part).iterrows():
-            m = losses(sweep, part, r["run"])
+            run = read_run(sweep / part / r["run"], r["run"])
+            m = run.metrics
             diverged = r["diverged"] == "1.0"
             measured = int(float(r["diverged_step"])) - 1 if diverged else len(m)
             if part == "activation":
@@ -81,7 +72,7 @@ def per_run(sweep: Path) -> pd.DataFrame:
                 setting = "unclipped" if unclipped else f"±{r['clip']} {place}"
                 order = (1, r["layer.positions"], 0.0 if unclipped else float(r["clip"]), "")
             else:
-                setting, order = method(sweep, r["run"]), (2, "", 0.0, r["clipping"])
+                setting, order = method(run), (2, "", 0.0, r["clipping"])
                 unclipped = r["clipping"] == "none"
             order = (0, "", 0.0, "") if unclipped else order
             rows.append({
@@ -114,7 +105,7 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
     for setting, g in runs.groupby("setting", sort=False):
         g = g.drop_duplicates("seed").set_index("seed").sort_index()
         k, n = int(g["diverged"].sum()), len(g)
-        low, high = clopper_pearson(k, n)
+        low, high = map(float, clopper_pearson(k, n))
         steps = g["diverged_step"].dropna()
         row = {"setting": setting, "order": g["order"].iloc[0],
                "diverged": f"{k}/{n} [{low:.2f}, {high:.2f}]",
@@ -127,14 +118,12 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
             paired = base.loc[g.index]
             fewer = int((g["spikes_per_100"] < paired["spikes_per_100"]).sum())
             more = int((g["spikes_per_100"] > paired["spikes_per_100"]).sum())
-            p_spikes = (binomtest(fewer, fewer + more, alternative="greater").pvalue
-                        if fewer + more else 1.0)
+            p_spikes = float(sign_test(fewer, more, alternative="greater"))
             # exact one-sided sign test: seeds where unclipped diverged and this did not, vs
             # the reverse (ties, both or neither diverged, say nothing)
             better = int((paired["diverged"] & ~g["diverged"]).sum())
             worse = int((~paired["diverged"] & g["diverged"]).sum())
-            p = (binomtest(better, better + worse, alternative="greater").pvalue
-                 if better + worse else 1.0)
+            p = float(sign_test(better, worse, alternative="greater"))
             row["vs unclipped: seeds saved / lost, p"] = f"{better} / {worse}, {p:.3g}"
             row["vs unclipped: fewer spikes / 100"] = f"{fewer}/{n}, {p_spikes:.3g}"
         else:

@@ -1,4 +1,7 @@
-"""The PNGs of `python -m gradexp.summarize DIR --plots` (matplotlib, Agg, imported only here)."""
+"""The PNGs of `python -m gradexp.summarize DIR --plots`: the loss curves and the gradient norms
+per group (mean over seeds, with a band), the final loss against each baseline key.
+matplotlib (Agg) is imported only here, inside `plot_all`.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +10,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gradexp import summarize as S
+from gradexp.analysis.groups import group_label, natural_value, varying_keys
+from gradexp.analysis.metrics import Settings, steps_before_divergence
+from gradexp.analysis.runs import LOSS, Run
 
 
-def plot_all(runs: list[S.Run], runs_table: pd.DataFrame, tidy: pd.DataFrame, keys: list[str],
-             baseline: dict[str, str], settings: S.Settings, out: Path) -> list[Path]:
+def plot_all(runs: list[Run], runs_table: pd.DataFrame, tidy: pd.DataFrame, keys: list[str],
+             baseline: dict[str, str], settings: Settings, out: Path) -> list[Path]:
     """Write loss_curves.png, grad_norms.png and final_loss_vs_<key>.png (per baseline key, or
     for the first key shown without a baseline) into `out`."""
     import matplotlib
@@ -19,14 +24,15 @@ def plot_all(runs: list[S.Run], runs_table: pd.DataFrame, tidy: pd.DataFrame, ke
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = S.varying_keys(tidy, keys, baseline)
-    labels = runs_table[shown].apply(lambda row: S._label(row.to_dict()), axis=1)
-    order = list(dict.fromkeys(tidy[shown].apply(lambda row: S._label(row.to_dict()), axis=1)))
+    shown = varying_keys(tidy, keys, baseline)
+    labels = runs_table[shown].apply(lambda row: group_label(row.to_dict()), axis=1)
+    order = list(dict.fromkeys(tidy[shown].apply(lambda row: group_label(row.to_dict()),
+                                                 axis=1)))
     curves: dict[str, list[pd.DataFrame]] = {label: [] for label in order}
     for run, label, diverged_at in zip(runs, labels, runs_table["diverged_step"], strict=True):
         if run.metrics is not None:
             curves[label].append(
-                S.steps_before_divergence(run.metrics, diverged_at).set_index("step"))
+                steps_before_divergence(run.metrics, diverged_at).set_index("step"))
     colors = plt.get_cmap("tab10" if len(order) <= 10 else "viridis")
     color = {label: colors(i if len(order) <= 10 else i / max(1, len(order) - 1))
              for i, label in enumerate(order)}
@@ -52,10 +58,10 @@ def _across_seeds(tables: list[pd.DataFrame], column: str, window: int = 1) -> p
                          "max": wide.max(axis=1)})
 
 
-def _plot_losses(plt, curves, color, settings: S.Settings, path: Path) -> Path:
+def _plot_losses(plt, curves, color, settings: Settings, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5))
     for label, tables in curves.items():
-        band = _across_seeds(tables, S.LOSS, settings.spike_window)
+        band = _across_seeds(tables, LOSS, settings.spike_window)
         if band.empty:
             continue
         ax.plot(band.index, band["mean"], color=color[label], label=f"{label} (n={len(tables)})")
@@ -67,7 +73,7 @@ def _plot_losses(plt, curves, color, settings: S.Settings, path: Path) -> Path:
     return _save(plt, fig, path)
 
 
-def _plot_grad_norms(plt, curves, color, settings: S.Settings, path: Path) -> Path | None:
+def _plot_grad_norms(plt, curves, color, settings: Settings, path: Path) -> Path | None:
     columns = {c for tables in curves.values() for t in tables for c in t.columns}
     positions = sorted({c.split("/")[1] for c in columns
                         if c.startswith("grad_norm/") and c.endswith("/pre")})
@@ -96,7 +102,7 @@ def _plot_final_loss(plt, tidy, shown, x_key, baseline_value, path: Path) -> Pat
     rows = tidy[(tidy["metric"] == "final_loss") & (tidy["n"] > 0)]
     if rows.empty:
         return None
-    x_values = sorted(rows[x_key].unique(), key=lambda v: S._natural_value(v, baseline_value))
+    x_values = sorted(rows[x_key].unique(), key=lambda v: natural_value(v, baseline_value))
     position = {v: i for i, v in enumerate(x_values)}
     others = [k for k in shown if k != x_key]
     # Diverged runs' final losses (the loss before the blow-up) can sit decades above the rest:
@@ -106,7 +112,8 @@ def _plot_final_loss(plt, tidy, shown, x_key, baseline_value, path: Path) -> Pat
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for combination, line in (rows.groupby(others, sort=False) if others else [((), rows)]):
         line = line.sort_values(x_key, key=lambda s: s.map(position))
-        label = S._label(dict(zip(others, np.atleast_1d(combination), strict=True))) or "final loss"
+        label = (group_label(dict(zip(others, np.atleast_1d(combination), strict=True)))
+                 or "final loss")
         low = line["ci_low"] if floor is None else line["ci_low"].clip(lower=floor)
         err = np.vstack([line["mean"] - low, line["ci_high"] - line["mean"]])
         ax.errorbar(line[x_key].map(position), line["mean"], yerr=np.nan_to_num(err),

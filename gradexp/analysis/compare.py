@@ -1,0 +1,188 @@
+"""Each group of a sweep against its baseline: the per-run table (`per_run_table`: every run's
+metrics, its group values, the target loss of steps_to_target), the group counts, and per group
+and metric the mean and 95% interval over seeds and the paired comparison with the matching
+baseline group (`compare`); `summarize` puts them together into the tidy summary (summary.csv).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from gradexp import rundir
+from gradexp.analysis.groups import (
+    SEED_KEY,
+    group_label,
+    group_values,
+    grouping_keys,
+    natural_value,
+)
+from gradexp.analysis.metrics import (
+    DEFAULTS,
+    METRICS,
+    RUN_EXTRAS,
+    Settings,
+    run_metrics,
+    steps_before_divergence,
+    steps_to_target,
+)
+from gradexp.analysis.runs import LOSS, Run
+from gradexp.analysis.stats import clopper_pearson, sign_test, t_interval
+
+COUNTS = ("runs", "completed", "diverged", "failed", "incomplete")
+# summary.csv, one row per group × metric: the group's keys and label, then these
+SUMMARY_COLUMNS = ["metric", "better", "n", "mean", "std", "ci_low", "ci_high",
+                   "baseline", "n_paired", "n_diff", "diff_mean", "diff_ci_low", "diff_ci_high",
+                   "wins", "ties", "losses", "win_rate", "sign_p", *COUNTS, "divergence_rate",
+                   "divergence_ci_low", "divergence_ci_high", "target_loss"]
+
+
+def _divergence_factor(run: Run) -> float:
+    factor = (run.config.get("trainer") or {}).get("divergence_factor")
+    return 1000.0 if factor is None else float(factor)
+
+
+def _reported_step(run: Run) -> float:
+    """The step summary.json says the run diverged at; its last step if it says diverged
+    without a step (the trainer stops at the step that diverged)."""
+    step = run.summary.get("diverged_step")
+    if step is None and run.summary.get("diverged"):
+        step = run.metrics["step"].iloc[-1]
+    return math.nan if step is None else float(step)
+
+
+def per_run_table(runs: list[Run], keys: list[str], settings: Settings,
+                  baseline: dict[str, str]) -> pd.DataFrame:
+    """One row per run: directory, status, group values, seed, metrics (NaN for a failed run),
+    target loss. The target needs every run's final loss: steps_to_target comes second."""
+    rows = [run_metrics(run.metrics, settings, _divergence_factor(run), _reported_step(run))
+            if run.metrics is not None else {} for run in runs]
+    table = pd.concat([pd.DataFrame({"run": [r.name for r in runs],
+                                     "status": [r.status for r in runs]}),
+                       group_values(runs, keys),
+                       pd.DataFrame(rows, columns=[*METRICS, *RUN_EXTRAS])],
+                      axis=1)
+    table["target_loss"] = target_losses(table, keys, baseline, settings.target_loss)
+    for i, run in enumerate(runs):
+        if run.metrics is not None:
+            part = steps_before_divergence(run.metrics, table.at[i, "diverged_step"])
+            table.at[i, "steps_to_target"] = steps_to_target(
+                part[LOSS].to_numpy(float), part["step"].to_numpy(), table.at[i, "target_loss"],
+                settings.spike_window)
+    return table
+
+
+def target_losses(table: pd.DataFrame, keys: list[str], baseline: dict[str, str],
+                  fixed: float | None) -> np.ndarray:
+    """The target of each run's `steps_to_target`: `fixed` if given, else the largest final
+    loss among its matching baseline group's runs that did not diverge (a loss each of them
+    gets down to; a diverged run's final loss is the one before its blow-up, any height); NaN
+    without a baseline, or if every run of the baseline group diverged."""
+    if fixed is not None or not baseline:
+        return np.full(len(table), math.nan if fixed is None else float(fixed))
+    finite = table[table["diverged"] == 0]
+    worst = finite.groupby(keys, sort=False)["final_loss"].max().reset_index()
+    partner = table[keys].assign(**baseline)
+    return partner.merge(worst, on=keys, how="left")["final_loss"].to_numpy(float)
+
+
+def group_counts(runs_table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per group: runs, completed (finished, not diverged), diverged, failed and incomplete
+    (killed or still running, not diverged)."""
+    failed = runs_table["status"] == rundir.FAILED
+    diverged = (runs_table["diverged"] == 1) & ~failed
+    finished = runs_table["status"].isin(rundir.FINISHED)
+    outcome = pd.DataFrame({
+        "runs": 1, "completed": finished & ~diverged, "diverged": diverged, "failed": failed,
+        "incomplete": ~finished & ~failed & ~diverged}).astype(int)
+    return outcome.groupby([runs_table[k] for k in keys], sort=False).sum()
+
+
+def compare(per_seed: pd.DataFrame, keys: list[str],
+            baseline: dict[str, str]) -> pd.DataFrame:
+    """One row per (group, metric): n seeds, mean, std and 95% interval over seeds (for
+    `diverged`, Clopper–Pearson's); and against the matching baseline group (same values of the
+    other keys, every baseline key at its baseline value), over the seeds both groups have: the
+    paired differences d_s = group_s − baseline_s (mean; 95% t interval but for `diverged`),
+    wins, ties, losses, win rate = wins / paired seeds and the sign test of wins against losses,
+    a win being a seed where the group is better (a missing value, e.g. target never reached,
+    counts as worse than any value; equal values are ties)."""
+    long = per_seed.melt(ignore_index=False, var_name="metric").reset_index()
+    by = [*keys, "metric"]
+    stats = long.groupby(by, sort=False)["value"].agg(n="count", mean="mean", std="std")
+    stats["ci_low"], stats["ci_high"] = t_interval(stats["mean"], stats["std"], stats["n"])
+    rate = stats.index.get_level_values("metric") == "diverged"  # 0/1: no t interval
+    stats.loc[rate, "ci_low"], stats.loc[rate, "ci_high"] = clopper_pearson(
+        (stats["mean"] * stats["n"])[rate].round(9), stats["n"][rate])
+    stats.insert(0, "better", stats.index.get_level_values("metric").map(METRICS))
+    if not baseline:
+        return stats.reset_index()
+    columns = [*keys, SEED_KEY, "metric"]
+    partner = long[columns].assign(**baseline).merge(long[[*columns, "value"]], how="left",
+                                                     on=columns, indicator=True)
+    long["baseline_value"] = partner["value"].to_numpy()
+    in_baseline = (long[list(baseline)] == pd.Series(baseline)).all(axis=1)
+    long["paired"] = (partner["_merge"] == "both").to_numpy() & ~in_baseline
+    long["baseline"] = [group_label(dict(zip(keys, row, strict=True)))
+                        for row in partner[keys].to_numpy()]
+    paired = long[long["paired"]].copy()
+    paired["diff"] = paired["value"] - paired["baseline_value"]
+    paired["win"], paired["tie"] = _wins(paired)
+    diff = paired.groupby(by, sort=False).agg(
+        baseline=("baseline", "first"), n_paired=("seed", "count"), n_diff=("diff", "count"),
+        diff_mean=("diff", "mean"), diff_std=("diff", "std"), wins=("win", "sum"),
+        ties=("tie", "sum"))
+    diff["diff_ci_low"], diff["diff_ci_high"] = t_interval(diff["diff_mean"], diff["diff_std"],
+                                                           diff["n_diff"])
+    metric = diff.index.get_level_values("metric")
+    diff.loc[metric == "diverged", ["diff_ci_low", "diff_ci_high"]] = np.nan
+    has_better = metric.map(METRICS).notna()
+    diff["losses"] = diff["n_paired"] - diff["wins"] - diff["ties"]
+    diff["win_rate"] = (diff["wins"] / diff["n_paired"]).where(has_better)
+    diff["sign_p"] = sign_test(diff["wins"], diff["losses"])
+    diff.loc[~has_better, ["wins", "ties", "losses", "sign_p"]] = np.nan
+    return stats.join(diff.drop(columns="diff_std")).reset_index()
+
+
+def _wins(paired: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per paired seed: is the group better than its baseline, and is it a tie."""
+    g, b = paired["value"].to_numpy(float), paired["baseline_value"].to_numpy(float)
+    sign = paired["metric"].map(METRICS).map({"lower": -1.0, "higher": 1.0}).to_numpy(float)
+    g_missing, b_missing = np.isnan(g), np.isnan(b)
+    with np.errstate(invalid="ignore"):
+        better = sign * (g - b) > 0
+    win = (better & ~g_missing & ~b_missing) | (~g_missing & b_missing)
+    tie = (g == b) | (g_missing & b_missing)
+    return win, tie
+
+
+def summarize(runs: list[Run], settings: Settings = DEFAULTS,
+              baseline: dict[str, str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Runs → (per-run table, tidy summary: one row per group × metric with the group's counts)."""
+    keys, baseline = grouping_keys(runs), baseline or {}
+    runs_table = per_run_table(runs, keys, settings, baseline)
+    measured = runs_table[runs_table["status"] != rundir.FAILED]  # runs sharing a seed: their mean
+    tidy = compare(measured.groupby([*keys, SEED_KEY], sort=False)[list(METRICS)].mean(), keys,
+                   baseline)
+    counts = group_counts(runs_table, keys)
+    counts["target_loss"] = runs_table.groupby(keys, sort=False)["target_loss"].first()
+    # every group × metric, in order (a left merge keeps the grid's); a group with only failed
+    # runs gets rows too, so that its counts show
+    groups = counts.index.to_frame(index=False)
+    groups = groups.iloc[sorted(range(len(groups)), key=lambda i: tuple(
+        natural_value(groups.at[i, k], baseline.get(k)) for k in keys))]
+    grid = groups.merge(pd.DataFrame({"metric": list(METRICS)}), how="cross")
+    tidy = grid.merge(tidy, on=[*keys, "metric"], how="left")
+    tidy["better"] = tidy["metric"].map(METRICS)
+    tidy["n"] = tidy["n"].fillna(0).astype(int)
+    tidy = tidy.merge(counts.reset_index(), on=keys, how="left")
+    rate = tidy.loc[tidy["metric"] == "diverged", [*keys, "mean", "ci_low", "ci_high"]]
+    tidy = tidy.merge(rate.set_axis([*keys, "divergence_rate", "divergence_ci_low",
+                                     "divergence_ci_high"], axis=1), on=keys, how="left")
+    tidy["group"] = [group_label(dict(zip(keys, row, strict=True)))
+                     for row in tidy[keys].to_numpy()]
+    return runs_table, tidy.reindex(columns=[*keys, "group", *SUMMARY_COLUMNS])
+
+

@@ -1,0 +1,178 @@
+"""Per-run metrics: one small function each, its formula in the docstring, on numpy arrays
+(pandas' per-call overhead would dominate); `run_metrics` applies them all to one run's
+per-step table, with the knobs in `Settings`. A diverged run is measured on its steps before
+the divergence (`steps_before_divergence`). The divergence test and the final-loss window are
+gradexp.measures', shared with the trainer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from gradexp.analysis.runs import GRAD_NORM, LOSS
+from gradexp.measures import divergence_step, final_loss
+
+METRICS: dict[str, str | None] = {  # each metric, the better direction (None: no wins)
+    "diverged": "lower", "diverged_step": None, "final_loss": "lower", "val_loss": "lower",
+    "val_accuracy": "higher", "loss_spike_rate": "lower", "mean_loss": "lower",
+    "grad_norm_mean": None, "grad_norm_cv": "lower", "grad_norm_p99_p50": "lower",
+    "grad_norm_max": "lower", "clip_fraction": None, "param_clip_fraction": None,
+    "steps_to_target": "lower"}
+RUN_EXTRAS = ["loss_spikes", "measured_steps"]  # in runs.csv: the rate's numerator, denominator
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The knobs of the metrics (the command line's options)."""
+
+    final_fraction: float = 0.1
+    spike_factor: float = 2.0
+    spike_window: int = 20
+    spike_min_rise: float = 0.05
+    target_loss: float | None = None  # None: from each group's matching baseline group
+
+
+DEFAULTS = Settings()
+
+
+def trailing_mean(x: np.ndarray, window: int) -> np.ndarray:
+    """m_t = mean(x_{t-window+1} … x_t) over the up-to-`window` values that exist (m_1 = x_1)."""
+    sums = np.concatenate([[0.0], np.cumsum(x)])
+    t = np.arange(1, len(x) + 1)
+    start = np.maximum(t - window, 0)
+    return (sums[t] - sums[start]) / (t - start)
+
+
+def table_divergence_step(table: pd.DataFrame, factor: float,
+                          reported_step: float = math.nan) -> float:
+    """The earliest of the step the run reported (summary.json) and `divergence_step` of its
+    table (a table without gradient norms: the loss alone decides)."""
+    loss = table[LOSS].to_numpy(float)
+    norm = table[GRAD_NORM].to_numpy(float) if GRAD_NORM in table else np.zeros(len(loss))
+    skipped = table["skipped"].to_numpy(float) if "skipped" in table else np.zeros(len(loss))
+    found = divergence_step(table["step"].to_numpy(), loss, norm, skipped, factor)
+    return float(np.fmin(found, reported_step))
+
+
+def steps_before_divergence(table: pd.DataFrame, diverged_at: float) -> pd.DataFrame:
+    """The rows with step < diverged_at (all rows when the run did not diverge)."""
+    if math.isnan(diverged_at):
+        return table
+    return table.iloc[: int(np.searchsorted(table["step"].to_numpy(), diverged_at))]
+
+
+def last_evaluated(values: np.ndarray) -> float:
+    """The last value that is not blank (validation columns are filled at evaluation steps)."""
+    values = np.asarray(values, float)
+    evaluated = values[~np.isnan(values)]
+    return float(evaluated[-1]) if len(evaluated) else math.nan
+
+
+def loss_spikes(loss: np.ndarray, factor: float = 2.0, window: int = 20,
+                min_rise: float = 0.05) -> float:
+    """#{t ≥ 2 : loss_t > factor · m_t  and  loss_t − m_t > min_rise · loss_1}, m_t the mean of
+    the up-to-`window` losses before step t: a loss `factor` times the recent mean, by more than
+    `min_rise` of the first loss (batch noise on a loss near zero doubles easily)."""
+    loss = np.asarray(loss, float)
+    preceding_mean = trailing_mean(loss, window)[:-1]  # of steps ≤ t-1, for t = 2 … n
+    rise = loss[1:] - preceding_mean
+    return float(np.sum((loss[1:] > factor * preceding_mean) & (rise > min_rise * loss[0])))
+
+
+def loss_spike_rate(loss: np.ndarray, factor: float = 2.0, window: int = 20,
+                    min_rise: float = 0.05) -> float:
+    """100 · loss_spikes / n: spikes per 100 of the n measured steps (a run that diverges early
+    has fewer steps to spike in)."""
+    return 100 * loss_spikes(loss, factor, window, min_rise) / len(loss)
+
+
+def mean_loss(loss: np.ndarray) -> float:
+    """mean(loss_t) over all the steps."""
+    return float(np.mean(loss))
+
+
+def grad_norm_mean(norm: np.ndarray) -> float:
+    """mean(g) of the global gradient norm g over the steps."""
+    return float(np.mean(norm))
+
+
+def grad_norm_cv(norm: np.ndarray) -> float:
+    """std(g) / mean(g) of the global gradient norm g over the steps (std with ddof=0)."""
+    mean = np.mean(norm)
+    return float(np.std(norm) / mean) if mean > 0 else math.nan
+
+
+def grad_norm_p99_p50(norm: np.ndarray) -> float:
+    """percentile_99(g) / percentile_50(g) (numpy's linear interpolation): how heavy the tail of
+    the gradient norm is compared with its median."""
+    p99, p50 = np.percentile(norm, [99, 50])
+    return float(p99 / p50) if p50 > 0 else math.nan
+
+
+def grad_norm_max(norm: np.ndarray) -> float:
+    """max(g) over the steps."""
+    return float(np.max(norm))
+
+
+def clip_fraction(table: pd.DataFrame) -> float:
+    """The mean over steps and over every `clip_fraction/<position>` column; 0 without any
+    (no clip layer reports clipping)."""
+    columns = [table[c].to_numpy(float) for c in table.columns if c.startswith("clip_fraction/")]
+    return float(np.mean(columns)) if columns else 0.0
+
+
+def param_clip_fraction(table: pd.DataFrame) -> float:
+    """mean_t param_clip/clipped_t: the share of steps on which the parameter-clipping method
+    changed the gradients; NaN without that column (runs from before it was logged)."""
+    clipped = table.get("param_clip/clipped")
+    return math.nan if clipped is None else float(np.mean(clipped.to_numpy(float)))
+
+
+def steps_to_target(loss: np.ndarray, steps: np.ndarray, target: float,
+                    window: int = 20) -> float:
+    """The first step t with mean(loss_{t-window+1} … loss_t) ≤ target (a trailing mean over up
+    to `window` steps, so one lucky batch does not count); NaN if never (or no target)."""
+    if math.isnan(target):
+        return math.nan
+    reached = trailing_mean(np.asarray(loss, float), window) <= target
+    return float(np.asarray(steps)[np.argmax(reached)]) if reached.any() else math.nan
+
+
+def run_metrics(table: pd.DataFrame, settings: Settings = DEFAULTS, divergence_factor=1000.0,
+                reported_diverged_step: float = math.nan, target_loss: float = math.nan) -> dict:
+    """Every metric of one run's table (one row per step), and RUN_EXTRAS. All but `diverged`
+    and `diverged_step` are measured on the steps before the divergence (none: NaN)."""
+    diverged_at = table_divergence_step(table, divergence_factor, reported_diverged_step)
+    part = steps_before_divergence(table, diverged_at)
+    divergence = {"diverged": float(not math.isnan(diverged_at)), "diverged_step": diverged_at}
+    if part.empty:  # diverged at its first step: nothing measured (no spikes is not 0 spikes)
+        return {**dict.fromkeys([*METRICS, *RUN_EXTRAS], math.nan), **divergence,
+                "measured_steps": 0}
+    loss = part[LOSS].to_numpy(float)
+    column = {c: part[c].to_numpy(float) if c in part else np.full(len(part), math.nan)
+              for c in (GRAD_NORM, "loss/val", "accuracy/val")}
+    norm = column[GRAD_NORM]
+    spike_settings = settings.spike_factor, settings.spike_window, settings.spike_min_rise
+    return {
+        **divergence,
+        "final_loss": final_loss(loss, settings.final_fraction),
+        "val_loss": last_evaluated(column["loss/val"]),
+        "val_accuracy": last_evaluated(column["accuracy/val"]),
+        "loss_spike_rate": loss_spike_rate(loss, *spike_settings),
+        "mean_loss": mean_loss(loss),
+        "grad_norm_mean": grad_norm_mean(norm),
+        "grad_norm_cv": grad_norm_cv(norm),
+        "grad_norm_p99_p50": grad_norm_p99_p50(norm),
+        "grad_norm_max": grad_norm_max(norm),
+        "clip_fraction": clip_fraction(part),
+        "param_clip_fraction": param_clip_fraction(part),
+        "steps_to_target": steps_to_target(loss, part["step"].to_numpy(), target_loss,
+                                           settings.spike_window),
+        "loss_spikes": loss_spikes(loss, *spike_settings),
+        "measured_steps": len(loss),
+    }
+

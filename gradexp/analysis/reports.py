@@ -1,0 +1,166 @@
+"""The reports of a summary: the printed table (`group_table`, one row per group), one table
+per metric (`metric_table`), and summary.md (`markdown_report`); numbers formatted for reading
+(`mean±half-width`, `k/n [low, high]`). summary.csv and runs.csv are compare's tables as they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gradexp.analysis.groups import group_label, varying_keys
+from gradexp.analysis.metrics import METRICS, Settings
+
+
+def _number(x: float, digits: int = 3) -> str:
+    """`digits` significant digits, but whole numbers (and anything ≥ 100) without decimals
+    or exponent: steps read as 955, not 9.55e+02."""
+    if pd.isna(x):
+        return "—"
+    if (float(x).is_integer() or abs(x) >= 100) and abs(x) < 1e9:
+        return f"{x:.0f}"
+    return f"{x:.{digits}g}"
+
+
+def _signed(x: float) -> str:
+    return ("+" if x >= 0 else "") + _number(x)
+
+
+def _mean_cell(row: pd.Series, seeds: int) -> str:
+    """`mean±half-width`, with `[n=k]` when only k of the group's seeds have a value."""
+    if row["n"] == 0:
+        return "—"
+    cell = _number(row["mean"])
+    if not pd.isna(row["ci_high"]):
+        cell += f"±{_number(row['ci_high'] - row['mean'], 2)}"
+    return cell + (f" [n={row['n']}]" if row["n"] < seeds else "")
+
+
+def _rate_cell(row: pd.Series) -> str:
+    """`k/n [low, high]`: seeds diverged of seeds measured, the exact 95% interval."""
+    if row["n"] == 0:
+        return "—"
+    diverged = _number(row["mean"] * row["n"])
+    return f"{diverged}/{row['n']} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+
+
+def _diff_cell(row: pd.Series, baseline: dict[str, str]) -> str:
+    """`Δmean±half-width wins/pairs`, for `diverged` `Δrate (k saved, l lost, p=sign test)`;
+    `base` in a baseline group."""
+    if all(row[k] == v for k, v in baseline.items()):
+        return "base"
+    if pd.isna(row.get("n_paired")) or not row["n_paired"]:
+        return "no pair"
+    cell = "—" if pd.isna(row["diff_mean"]) else _signed(row["diff_mean"])
+    if row.name == "diverged":
+        return (f"{cell} ({int(row['wins'])} saved, {int(row['losses'])} lost, "
+                f"p={_number(row['sign_p'], 2)})")
+    if not pd.isna(row["diff_ci_high"]):
+        cell += f"±{_number(row['diff_ci_high'] - row['diff_mean'], 2)}"
+    if not pd.isna(row["win_rate"]):
+        cell += f" {int(row['wins'])}/{int(row['n_paired'])}"
+    return cell
+
+
+def printed_metrics(tidy: pd.DataFrame) -> list[str]:
+    """The metrics of the printed table: `val_accuracy`, or `val_loss` if no group has an
+    accuracy (regression), or both if only some groups have one; `param_clip_fraction` if some
+    run logged it."""
+    def measured(metric: str) -> np.ndarray:  # per group: does some seed have a value
+        return tidy.loc[tidy["metric"] == metric, "n"].to_numpy() > 0
+
+    accuracy, loss = measured("val_accuracy"), measured("val_loss")
+    val = (["val_loss"] if not accuracy.any() else
+           ["val_accuracy"] if (accuracy | ~loss).all() else ["val_loss", "val_accuracy"])
+    param = ["param_clip_fraction"] if measured("param_clip_fraction").any() else []
+    return ["final_loss", *val, "loss_spike_rate", "grad_norm_cv", "steps_to_target",
+            "clip_fraction", *param]
+
+
+def group_table(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],
+                metrics: list[str] | None = None) -> pd.DataFrame:
+    """One row per group: its varying keys, runs, diverged seeds/measured seeds [95% interval]
+    (and against the baseline: Δ rate, seeds saved and lost, sign test), then per metric
+    `mean±half-width` of the 95% interval over seeds and `Δmean±half-width wins/pairs`."""
+    shown, metrics = varying_keys(tidy, keys, baseline), metrics or printed_metrics(tidy)
+    rows = []
+    for _, group in tidy.groupby("group", sort=False):
+        first = group.iloc[0]
+        row = {k: first[k] for k in shown}
+        row["runs"] = int(first["runs"])
+        by_metric = group.set_index("metric")
+        row["diverged"] = _rate_cell(by_metric.loc["diverged"])
+        if baseline:
+            row["Δ diverged"] = _diff_cell(by_metric.loc["diverged"], baseline)
+        for metric in metrics:
+            row[metric] = _mean_cell(by_metric.loc[metric], by_metric.at["diverged", "n"])
+            if baseline and METRICS[metric] is not None:
+                row[f"Δ {metric}"] = _diff_cell(by_metric.loc[metric], baseline)
+        row["notes"] = ", ".join(f"{int(first[c])} {c}" for c in ("failed", "incomplete")
+                                 if first[c])
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    return table if table["notes"].any() else table.drop(columns="notes")
+
+
+def metric_table(tidy: pd.DataFrame, keys: list[str], metric: str,
+                 baseline: dict[str, str]) -> pd.DataFrame:
+    """One metric, one row per group: n, mean, 95% CI; against the baseline: paired seeds, Δ
+    mean and its CI, and (a metric with a direction) wins, ties, losses, win rate, sign test."""
+    rows = tidy[tidy["metric"] == metric]
+    columns = {"n": rows["n"], "mean": rows["mean"].map(_number), "95% CI": _intervals(rows, "ci")}
+    if baseline:
+        columns |= {"paired": rows["n_paired"].map(_number), "Δ mean": rows["diff_mean"].map(
+            _signed), "Δ 95% CI": _intervals(rows, "diff_ci")}
+    if baseline and METRICS[metric]:
+        columns |= {c: rows[c].map(_number) for c in ("wins", "ties", "losses")}
+        columns["win rate"] = rows["win_rate"].map(lambda x: _number(x * 100) + "%" * (x >= 0))
+        columns["sign p"] = rows["sign_p"].map(lambda x: _number(x, 2))
+    return rows[varying_keys(tidy, keys, baseline)].assign(**columns)
+
+
+def _intervals(rows: pd.DataFrame, prefix: str) -> list[str]:
+    return ["—" if pd.isna(low) else f"[{_number(low)}, {_number(high)}]"
+            for low, high in zip(rows[f"{prefix}_low"], rows[f"{prefix}_high"], strict=True)]
+
+
+def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],
+                    settings: Settings, skipped: list[tuple[str, str]], root: Path) -> str:
+    """summary.md: the settings, the key table, one table per metric, the skipped runs."""
+    fixed = [k for k in keys if k not in varying_keys(tidy, keys, baseline)]
+    lines = [f"# Sweep summary: {root}", ""]
+    if fixed:
+        first = tidy.iloc[0]
+        lines.append("Same in every run: " + group_label({k: first[k] for k in fixed}) + "  ")
+    lines.append(comparison_note(baseline, settings) + "  ")
+    lines += [f"Metrics: final fraction {settings.final_fraction}, spike factor "
+              f"{settings.spike_factor}, spike window {settings.spike_window} steps, "
+              f"spike minimum rise {settings.spike_min_rise} × first loss "
+              "(definitions: README, \"Summarizing a sweep\").", "",
+              "## Groups", "",
+              group_table(tidy, keys, baseline).to_markdown(index=False), ""]
+    for metric, better in METRICS.items():
+        direction = {"lower": " (lower is better)", "higher": " (higher is better)"}.get(better, "")
+        lines += [f"## {metric}{direction}", "",
+                  metric_table(tidy, keys, metric, baseline).to_markdown(index=False), ""]
+    if skipped:
+        lines += ["## Skipped runs", ""] + [f"- `{d}`: {reason}" for d, reason in skipped] + [""]
+    return "\n".join(lines)
+
+
+def comparison_note(baseline: dict[str, str], settings: Settings) -> str:
+    """The sentence that says what is compared with what (printed above the table)."""
+    if not baseline:
+        return "No baseline (pass --baseline KEY=VALUE): no comparisons."
+    setting = ",".join(f"{k}={v}" for k, v in baseline.items())
+    target = (f"target loss {settings.target_loss}" if settings.target_loss is not None else
+              "target loss: the worst final loss of the matching baseline group's runs that "
+              "did not diverge")
+    return (f"Baseline {setting}: each group against the group with the same other values "
+            f"and {setting}, paired by seed; Δ = group − baseline, mean ± 95% t interval "
+            f"over paired seeds, wins/pairs; diverged: seeds diverged/seeds [exact 95% "
+            f"interval], Δ diverged: difference of the rates over paired seeds, seeds saved "
+            f"(baseline diverged, group did not) and lost, p of the exact sign test; {target}.")
+

@@ -1,0 +1,152 @@
+"""gradexp.analysis.compare: each group against its matching baseline group over paired seeds
+(differences, intervals, win rates, divergence rates, target losses), and the printed cells."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+from fake_runs import ending_at, write_run
+
+from gradexp.analysis.compare import summarize
+from gradexp.analysis.metrics import Settings
+from gradexp.analysis.reports import group_table
+from gradexp.analysis.runs import load_runs
+
+
+def t_interval(values):
+    """scipy's 95% Student-t interval of the mean of `values`."""
+    return scipy.stats.t.interval(0.95, len(values) - 1, loc=np.mean(values),
+                                  scale=scipy.stats.sem(values))
+
+
+def test_paired_differences_interval_and_win_rate(tmp_path):
+    base, clipped = [1.0, 2.0, 3.0], [0.5, 2.5, 2.0, 9.0]  # final losses per seed
+    for seed, final in enumerate(base):
+        write_run(tmp_path / f"b{seed}", ["clip=null", f"seed={seed}"], ending_at(final))
+    for seed, final in enumerate(clipped):  # seed 3 has no baseline run: not paired
+        write_run(tmp_path / f"c{seed}", ["clip=0.1", f"seed={seed}"], ending_at(final))
+    runs, skipped = load_runs(tmp_path)
+    assert len(runs) == 7 and skipped == []
+    _, tidy = summarize(runs, baseline={"clip": "null"})
+    row = tidy[(tidy["clip"] == "0.1") & (tidy["metric"] == "final_loss")].iloc[0]
+    assert row["n"] == 4 and row["mean"] == pytest.approx(np.mean(clipped))
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx(t_interval(clipped))
+    diffs = [-0.5, 0.5, -1.0]  # seeds 0, 1, 2 only
+    assert row["baseline"] == "clip=null" and row["n_paired"] == 3
+    assert row["diff_mean"] == pytest.approx(np.mean(diffs))
+    assert (row["diff_ci_low"], row["diff_ci_high"]) == pytest.approx(t_interval(diffs))
+    assert (row["wins"], row["ties"], row["win_rate"]) == (2, 0, pytest.approx(2 / 3))
+    assert row["losses"] == 1 and row["sign_p"] == 1  # 2 · P(X ≤ 1), X ~ Bin(3, 1/2) = 2 · 4/8
+    # the baseline group itself is not compared; no-direction metrics have no win rate
+    base_row = tidy[(tidy["clip"] == "null") & (tidy["metric"] == "final_loss")].iloc[0]
+    assert math.isnan(base_row["diff_mean"]) and math.isnan(base_row["win_rate"])
+    clip_row = tidy[(tidy["clip"] == "0.1") & (tidy["metric"] == "clip_fraction")].iloc[0]
+    assert math.isnan(clip_row["win_rate"]) and clip_row["diff_mean"] == 0
+    # counts
+    assert (row["runs"], row["completed"], row["diverged"], row["failed"]) == (4, 4, 0, 0)
+
+
+def test_divergence_rate_interval_and_saved_lost_seeds(tmp_path):
+    """Baseline seeds diverge 1,1,1,1,0 and the clipped group's 0,0,1,0,1: 4/5 against 2/5;
+    seeds 0, 1, 3 saved, seed 4 lost, seed 2 a tie; Δ rate −0.4, sign test p = 10/16."""
+    for seed, (base, clipped) in enumerate(zip([1, 1, 1, 1, 0], [0, 0, 1, 0, 1], strict=True)):
+        for clip, bad in (("null", base), ("0.1", clipped)):
+            write_run(tmp_path / f"{clip}_{seed}", [f"clip={clip}", f"seed={seed}"],
+                      [2.0, 1.0, math.nan if bad else 1.0])
+    runs_table, tidy = summarize(load_runs(tmp_path)[0], baseline={"clip": "null"})
+    rows = tidy[tidy["metric"] == "diverged"].set_index("clip")
+    assert rows.loc["null", "divergence_rate"] == 0.8 and rows.loc["0.1", "divergence_rate"] == 0.4
+    assert (rows.loc["null", "ci_low"], rows.loc["null", "ci_high"]) == pytest.approx(
+        scipy.stats.beta.ppf([0.025, 0.975], [4, 5], [2, 1]))
+    assert (rows.loc["0.1", "divergence_ci_low"], rows.loc["0.1", "divergence_ci_high"]) == (
+        pytest.approx(scipy.stats.beta.ppf([0.025, 0.975], [2, 3], [4, 3])))
+    clipped = rows.loc["0.1"]
+    assert clipped["diff_mean"] == pytest.approx(-0.4) and clipped["n_paired"] == 5
+    assert (clipped["wins"], clipped["ties"], clipped["losses"]) == (3, 1, 1)
+    assert clipped["sign_p"] == pytest.approx(10 / 16)
+    assert math.isnan(clipped["diff_ci_low"])  # no t interval on 0/1 values
+    # every row of a group carries its divergence rate and interval
+    group = tidy[tidy["clip"] == "0.1"]
+    assert (group["divergence_rate"] == 0.4).all() and group["divergence_ci_low"].nunique() == 1
+    printed = group_table(tidy, ["clip"], {"clip": "null"}).set_index("clip")
+    assert printed.loc["null", "diverged"] == "4/5 [0.28, 0.99]"
+    assert printed.loc["0.1", "diverged"] == "2/5 [0.05, 0.85]"
+    assert printed.loc["0.1", "Δ diverged"] == "-0.4 (3 saved, 1 lost, p=0.62)"
+    assert printed.loc["null", "Δ diverged"] == "base"
+
+
+def test_each_group_meets_its_own_baseline_and_target(tmp_path):
+    """clip × layer.scale: (0.1, 3) is compared with (null, 3), not with (null, 1); the target
+    loss of steps_to_target is the matching baseline group's largest final loss."""
+    finals = {("null", "1"): [1.0, 1.0], ("null", "3"): [3.0, 5.0],
+              ("0.1", "1"): [2.0, 2.0], ("0.1", "3"): [2.0, 2.0]}
+    for (clip, scale), per_seed in finals.items():
+        for seed, final in enumerate(per_seed):
+            write_run(tmp_path / f"{clip}_{scale}_{seed}",
+                      [f"clip={clip}", f"layer.scale={scale}", f"seed={seed}"],
+                      [6.0, 5.0, 4.0, final])
+    runs, _ = load_runs(tmp_path)
+    settings = Settings(spike_window=1)
+    runs_table, tidy = summarize(runs, settings, baseline={"clip": "null"})
+    final = tidy[tidy["metric"] == "final_loss"].set_index(["clip", "layer.scale"])
+    assert final.loc[("0.1", "3"), "baseline"] == "clip=null layer.scale=3"
+    assert final.loc[("0.1", "3"), "diff_mean"] == pytest.approx(2.0 - 4.0)
+    assert final.loc[("0.1", "1"), "diff_mean"] == pytest.approx(2.0 - 1.0)
+    assert final.loc[("0.1", "3"), "win_rate"] == 1 and final.loc[("0.1", "1"), "win_rate"] == 0
+    targets = runs_table.set_index(["clip", "layer.scale", "seed"])["target_loss"]
+    assert targets[("0.1", "3", "0")] == 5.0 and targets[("0.1", "1", "0")] == 1.0
+    steps = runs_table.set_index(["clip", "layer.scale", "seed"])["steps_to_target"]
+    # losses 6, 5, 4, final with window 1: the first step with loss <= target
+    assert steps[("0.1", "3", "0")] == 2  # 5 <= 5
+    assert math.isnan(steps[("0.1", "1", "0")])  # 2 never <= 1
+    assert steps[("null", "3", "0")] == 2 and steps[("null", "3", "1")] == 2
+    # a missing steps_to_target (never reached) loses against one that reached it
+    reach = tidy[tidy["metric"] == "steps_to_target"].set_index(["clip", "layer.scale"])
+    assert reach.loc[("0.1", "1"), "wins"] == 0 and reach.loc[("0.1", "1"), "ties"] == 0
+    assert reach.loc[("0.1", "1"), "n"] == 0
+
+
+def test_default_target_leaves_out_diverged_baseline_runs(tmp_path):
+    """scale 1: the baseline's seed 0 diverges (NaN at step 3) after a loss of 50, seeds 1 and 2
+    end at 3 and 2: the target is 3, not 50. scale 3: every baseline run diverges: no target."""
+    curves = {("null", "1"): [[6, 50, math.nan], [6, 5, 4, 3], [6, 5, 4, 2]],
+              ("0.1", "1"): [[6, 5, 4, 3]] * 3,
+              ("null", "3"): [[6, 50, math.nan]] * 3, ("0.1", "3"): [[6, 5, 4, 1]] * 3}
+    for (clip, scale), per_seed in curves.items():
+        for seed, losses in enumerate(per_seed):
+            write_run(tmp_path / f"{clip}_{scale}_{seed}",
+                      [f"clip={clip}", f"layer.scale={scale}", f"seed={seed}"], losses)
+    runs_table, tidy = summarize(load_runs(tmp_path)[0], Settings(spike_window=1),
+                                   baseline={"clip": "null"})
+    rows = runs_table.set_index(["clip", "layer.scale", "seed"])
+    assert rows.loc[("null", "1", "0"), "final_loss"] == 50  # before the blow-up
+    assert (rows.xs("1", level="layer.scale")["target_loss"] == 3).all()
+    assert rows.loc[("0.1", "1", "0"), "steps_to_target"] == 4  # 3 <= 3 at step 4
+    assert math.isnan(rows.loc[("null", "1", "0"), "steps_to_target"])  # 6, 50: never
+    assert rows.loc[("null", "1", "2"), "steps_to_target"] == 4  # 6, 5, 4 > 3; 2 <= 3
+    assert rows.xs("3", level="layer.scale")["target_loss"].isna().all()
+    assert rows.xs("3", level="layer.scale")["steps_to_target"].isna().all()
+    targets = tidy.set_index(["clip", "layer.scale"])["target_loss"]
+    assert targets[("0.1", "1")].iloc[0] == 3 and targets[("0.1", "3")].isna().all()
+
+
+@pytest.mark.parametrize(("accuracy", "shown"), [
+    ({"null": None, "0.1": None}, ["val_loss"]),  # regression
+    ({"null": 0.5, "0.1": 0.75}, ["val_accuracy"]),  # classification
+    ({"null": 0.5, "0.1": None}, ["val_loss", "val_accuracy"]),  # some groups have one
+], ids=["regression", "classification", "mixed"])
+def test_printed_validation_metric(tmp_path, accuracy, shown):
+    for clip, acc in accuracy.items():
+        for seed, val_loss in enumerate([1.0, 3.0]):
+            write_run(tmp_path / f"{clip}_{seed}", [f"clip={clip}", f"seed={seed}"],
+                      ending_at(1.0), val={10: (val_loss, acc)})
+    _, tidy = summarize(load_runs(tmp_path)[0], baseline={"clip": "null"})
+    table = group_table(tidy, ["clip"], {"clip": "null"}).set_index("clip")
+    assert [c for c in table.columns if c.startswith("val_")] == shown
+    assert [c for c in table.columns if c.startswith("Δ val_")] == [f"Δ {c}" for c in shown]
+    if "val_loss" in shown:  # mean 2 ± t(0.975, 1) · √2 / √2 = 12.7
+        assert table.loc["0.1", "val_loss"] == "2±13"
+        assert table.loc["0.1", "Δ val_loss"] == "+0±0 0/2"  # two ties

@@ -1,0 +1,140 @@
+"""gradexp.analysis.metrics: each per-run metric against numbers worked out by hand on small
+hand-written runs (fake_runs.write_run), and the divergence that bounds the steps measured."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from fake_runs import FRACTIONS, LOSSES, NORMS, VAL, write_run
+
+from gradexp.analysis import compare
+from gradexp.analysis.compare import summarize
+from gradexp.analysis.metrics import (
+    Settings,
+    clip_fraction,
+    final_loss,
+    loss_spike_rate,
+    loss_spikes,
+    run_metrics,
+    steps_to_target,
+)
+from gradexp.analysis.reports import group_table
+from gradexp.analysis.runs import load_runs, read_metrics
+
+
+def table_of(run_dir):
+    return read_metrics(run_dir / "metrics.csv")
+
+
+def test_metrics_of_one_run(tmp_path):
+    run = write_run(tmp_path / "r", ["clip=0.1"], LOSSES, norms=NORMS, fractions=FRACTIONS,
+                    val=VAL)
+    table = table_of(run)
+    m = run_metrics(table, Settings(final_fraction=0.3, spike_factor=2, spike_window=3),
+                      target_loss=1.5)
+    assert m["diverged"] == 0 and math.isnan(m["diverged_step"])
+    assert m["final_loss"] == pytest.approx((0.5 + 2.5 + 0.6) / 3)  # last 3 of 10 steps
+    assert m["mean_loss"] == pytest.approx(25.1 / 10)
+    # window 3, factor 2: step 4 (8 > 2·mean(4,3,2) = 6) and step 9 (2.5 > 2·mean(1,0.5,1) = 2)
+    assert m["loss_spikes"] == 2 and m["measured_steps"] == 10
+    assert m["loss_spike_rate"] == pytest.approx(100 * 2 / 10)  # per 100 measured steps
+    # trailing means over 3 steps: 4, 3.5, 3, 4.33, 4, 3.83, 1.5 (step 7) <= 1.5
+    assert m["steps_to_target"] == 7
+    # norms: mean 5, population variance (9+1+1+1+0+0+4+16+0+0)/10 = 3.2
+    assert m["grad_norm_mean"] == 5 and m["grad_norm_max"] == 9
+    assert m["grad_norm_cv"] == pytest.approx(math.sqrt(3.2) / 5)
+    # sorted 2,4,4,4,5,5,5,5,7,9: p50 = 5; p99 at rank 0.99·9 = 8.91: 7 + 0.91·(9 − 7) = 8.82
+    assert m["grad_norm_p99_p50"] == pytest.approx(8.82 / 5)
+    assert m["clip_fraction"] == pytest.approx((0.1 + 0.25) / 2)  # dense_1 0.1, dense_2 0.25
+    assert (m["val_loss"], m["val_accuracy"]) == (1.0, 0.75)  # the last evaluation, step 10
+    assert math.isnan(m["param_clip_fraction"])  # no param_clip/clipped column
+
+
+def test_default_settings_and_edge_values():
+    loss = pd.Series(LOSSES, dtype=float)
+    assert final_loss(loss) == 0.6  # last max(1, ⌊0.1·10⌋) = 1 step
+    assert final_loss(pd.Series([1.0, 2, 3])) == 3  # at least one step
+    assert final_loss(pd.Series(np.arange(30.0)), 0.1) == 28  # ⌊0.1·30⌋ = 3, not 2
+    # window 20: step 9 compares with the mean of steps 1..8 = 22/8 = 2.75: no spike
+    assert loss_spikes(loss) == 1
+    # twice the trailing mean, but a rise of 0.009 < 0.05 × the first loss: noise, not a spike
+    tiny = np.array([1.0, 0.001, 0.001, 0.01])
+    assert loss_spikes(tiny, window=2) == 0 and loss_spikes(tiny, window=2, min_rise=0) == 1
+    assert loss_spike_rate(tiny, window=2, min_rise=0) == 25  # 1 spike in 4 steps
+    steps = pd.Series(range(1, 11))
+    assert steps_to_target(loss, steps, 1.4, window=3) == 8  # (1.5 + 1 + 0.5) / 3 = 1
+    assert steps_to_target(loss, steps, 0.5, window=1) == 8
+    assert math.isnan(steps_to_target(loss, steps, 0.1, window=3))  # never reached
+    assert clip_fraction(pd.DataFrame({"loss/train": [1.0]})) == 0  # no clip layer
+
+
+@pytest.mark.parametrize(("losses", "norms", "factor", "step"), [
+    ([2, 1, 1, 25], None, 10, 4),           # 25 > 10 · 2: diverged by factor
+    ([2, 1, 1, 25], None, 1000, math.nan),  # the same losses under the default factor
+    ([2, 1.5, 1, math.nan], None, 1000, 4),  # a NaN loss
+    ([2, 1.5, 1, math.inf], None, 1000, 4),
+    ([2, 1.5, 1, 1], [1, 1, math.inf, 1], 1000, 3),  # an infinite gradient norm
+    ([math.nan, 1, 1, 1], None, 1000, 1),
+], ids=["factor", "under-default-factor", "nan", "inf", "grad-norm", "first-step"])
+def test_divergence(tmp_path, losses, norms, factor, step):
+    run = write_run(tmp_path / "r", [], losses, norms=norms,
+                    config={"trainer": {"divergence_factor": factor}})
+    (loaded,), _ = load_runs(run)
+    m = run_metrics(loaded.metrics, divergence_factor=compare._divergence_factor(loaded))
+    assert m["diverged_step"] == step or (math.isnan(step) and math.isnan(m["diverged_step"]))
+    assert m["diverged"] == (not math.isnan(step))
+    # loss-based metrics use only the steps before the divergence
+    finite = losses[: int(step) - 1] if not math.isnan(step) else losses
+    if finite:
+        assert m["mean_loss"] == pytest.approx(np.mean(finite))
+    else:  # diverged at its first step: nothing to measure (no spikes is not "0 spikes")
+        assert math.isnan(m["mean_loss"]) and math.isnan(m["final_loss"])
+        assert math.isnan(m["loss_spikes"]) and math.isnan(m["grad_norm_cv"])
+        assert math.isnan(m["loss_spike_rate"]) and m["measured_steps"] == 0
+
+
+def test_spike_rate_counts_only_the_steps_before_divergence(tmp_path):
+    """One spike (step 3: 4 > 2 · mean(1, 1)) in the 4 steps before a NaN at step 5: 25 per 100
+    steps; the same spike in a run of 100 finite steps: 1 per 100."""
+    write_run(tmp_path / "short", [], [1, 1, 4, 1, math.nan])
+    write_run(tmp_path / "long", [], [1, 1, 4] + [1] * 97)
+    runs_table, _ = summarize(load_runs(tmp_path)[0])
+    rows = runs_table.set_index("run")
+    assert rows.loc["short", ["loss_spikes", "measured_steps", "loss_spike_rate"]].tolist() == [
+        1, 4, 25]
+    assert rows.loc["long", ["loss_spikes", "measured_steps", "loss_spike_rate"]].tolist() == [
+        1, 100, 1]
+
+
+def test_reported_divergence_counts_even_when_the_rows_look_fine(tmp_path):
+    run = write_run(tmp_path / "r", [], [2, 1, 1, 1], status="diverged",
+                    summary={"diverged_step": 3})
+    (loaded,), _ = load_runs(run)
+    m = run_metrics(loaded.metrics, reported_diverged_step=compare._reported_step(loaded))
+    assert m["diverged_step"] == 3 and m["mean_loss"] == 1.5
+
+
+def test_param_clip_fraction(tmp_path):
+    """The share of steps whose parameter gradients were clipped, over the steps before the
+    divergence: clipped 1, 1, 0, 0 before the NaN at step 5: 0.5; printed when logged."""
+    for seed in range(2):
+        write_run(tmp_path / f"none_{seed}", ["clipping=none", f"seed={seed}"], [2, 1, 1, 1, 1],
+                  columns={"param_clip/clipped": [0] * 5})
+        write_run(tmp_path / f"agc_{seed}", ["clipping=agc", f"seed={seed}"],
+                  [2, 1, 1, 1, math.nan], columns={"param_clip/clipped": [1, 1, 0, 0, 1]})
+    runs_table, tidy = summarize(load_runs(tmp_path)[0], baseline={"clipping": "none"})
+    assert runs_table.set_index("run").loc["agc_0", "param_clip_fraction"] == 0.5
+    row = tidy[tidy["metric"] == "param_clip_fraction"].set_index("clipping").loc["agc"]
+    assert row["mean"] == 0.5 and row["diff_mean"] == 0.5 and math.isnan(row["win_rate"])
+    table = group_table(tidy, ["clipping"], {"clipping": "none"}).set_index("clipping")
+    assert table.loc["agc", "param_clip_fraction"] == "0.5±0"
+    assert "Δ param_clip_fraction" not in table  # no "better" direction
+    # runs without the column: NaN, and no column in the printed table
+    (tmp_path / "old").mkdir()
+    write_run(tmp_path / "old" / "a", ["clip=null"], [2, 1])
+    write_run(tmp_path / "old" / "b", ["clip=0.1"], [2, 1])
+    _, tidy = summarize(load_runs(tmp_path / "old")[0], baseline={"clip": "null"})
+    assert "param_clip_fraction" not in group_table(tidy, ["clip"], {"clip": "null"})

@@ -1,0 +1,83 @@
+"""gradexp.analysis.runs: unreadable runs skipped with a reason, failed and unfinished runs
+counted, the event-file fallback."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from fake_runs import LOSSES, NORMS, VAL, ending_at, write_run
+
+from gradexp.analysis.compare import summarize
+from gradexp.analysis.metrics import Settings, run_metrics
+from gradexp.analysis.runs import load_runs
+
+
+def test_unreadable_runs_are_skipped_with_a_reason(tmp_path):
+    write_run(tmp_path / "0", ["clip=null", "seed=0"], ending_at(1.0))
+    truncated = write_run(tmp_path / "1", ["clip=null", "seed=1"], ending_at(1.0))
+    text = (truncated / "metrics.csv").read_text()
+    (truncated / "metrics.csv").write_text(text[: text.rindex(",")])  # cut inside the last row
+    write_run(tmp_path / "2", ["clip=null", "seed=2"], ending_at(1.0))
+    (tmp_path / "2" / "summary.json").write_text("{not json")
+    no_hydra = write_run(tmp_path / "3", ["clip=null", "seed=3"], ending_at(1.0))
+    for f in (no_hydra / ".hydra").iterdir():
+        f.unlink()
+    (no_hydra / ".hydra").rmdir()
+    empty = write_run(tmp_path / "4", ["clip=null", "seed=4"], ending_at(1.0))
+    (empty / "metrics.csv").write_text("")
+    runs, skipped = load_runs(tmp_path)
+    assert [r.name for r in runs] == ["0"]
+    reasons = dict(skipped)
+    assert list(reasons) == ["1", "2", "3", "4"]
+    assert "truncated" in reasons["1"] and "not JSON" in reasons["2"]
+    assert ".hydra" in reasons["3"] and "empty" in reasons["4"]
+
+
+def test_failed_run_is_counted_and_running_run_is_incomplete(tmp_path):
+    write_run(tmp_path / "0", ["clip=0.1", "seed=0"], ending_at(1.0))
+    write_run(tmp_path / "1", ["clip=0.1", "seed=1"], [4.0, 3.0], status="failed",
+              summary={"error": "ValueError: boom"})
+    killed = write_run(tmp_path / "2", ["clip=0.1", "seed=2"], [4.0, 3.0, 2.0, 1.0],
+                       status="running")
+    with open(killed / "metrics.csv", "a") as f:
+        f.write("5,0.9,1.0")  # killed while writing a row: the row is dropped, the rest used
+    write_run(tmp_path / "3", ["clip=0.1", "seed=3"], [2.0, 1.0, 5000.0], status="diverged",
+              summary={"diverged_step": 3})
+    runs, skipped = load_runs(tmp_path)
+    assert skipped == [("1", "failed: ValueError: boom")]
+    assert [r.status for r in runs] == ["completed", "failed", "running", "diverged"]
+    runs_table, tidy = summarize(runs)
+    row = tidy[tidy["metric"] == "final_loss"].iloc[0]
+    assert (row["runs"], row["completed"], row["failed"], row["incomplete"],
+            row["diverged"]) == (4, 1, 1, 1, 1)
+    assert row["divergence_rate"] == pytest.approx(1 / 3)  # of the 3 runs with measurements
+    assert row["n"] == 3  # the failed run has no final loss
+    incomplete = runs_table.set_index("run").loc["2"]
+    assert incomplete["final_loss"] == 1.0 and incomplete["mean_loss"] == 2.5  # steps 1-4
+
+
+def test_event_files_are_read_when_there_is_no_metrics_csv(tmp_path):
+    from gradexp._tf import tf
+
+    run = write_run(tmp_path / "r", ["clip=0.1"], LOSSES, norms=NORMS, val=VAL)
+    (run / "metrics.csv").unlink()
+    writer = tf.summary.create_file_writer(str(run))
+    with writer.as_default():
+        for step, (loss, norm) in enumerate(zip(LOSSES, NORMS, strict=True), start=1):
+            tf.summary.scalar("loss/train", loss, step=step)
+            tf.summary.scalar("grad_norm/global", norm, step=step)
+            tf.summary.scalar("clip_fraction/dense_1", 0.25, step=step)
+            if step in VAL:
+                tf.summary.scalar("loss/val", VAL[step][0], step=step)
+                tf.summary.scalar("accuracy/val", VAL[step][1], step=step)
+        tf.summary.histogram("gradients/w", [1.0, 2.0], step=1)  # not a per-step scalar
+        tf.summary.scalar("final/loss", 0.6, step=10)
+    writer.close()
+    (loaded,), skipped = load_runs(run)
+    assert skipped == [] and list(loaded.metrics["step"]) == list(range(1, 11))
+    assert set(loaded.metrics.columns) == {"step", "loss/train", "grad_norm/global",
+                                           "clip_fraction/dense_1", "loss/val", "accuracy/val"}
+    m = run_metrics(loaded.metrics, Settings(spike_window=3))
+    assert m["loss_spike_rate"] == 20 and m["grad_norm_cv"] == pytest.approx(math.sqrt(3.2) / 5)
+    assert m["clip_fraction"] == 0.25 and m["val_accuracy"] == 0.75
