@@ -37,3 +37,20 @@ def final_loss(loss, fraction: float = FINAL_FRACTION) -> float:
     """mean(loss_t) over the last max(1, ⌊fraction · n⌋) of the n steps (as summary.json)."""
     last = max(1, math.floor(fraction * len(loss) + 1e-9))  # 1e-9: 0.1 · 30 is 3.0000000000000004
     return float(np.asarray(loss, float)[-last:].mean())
+
+
+def success_step(steps, error_rates, success_below: float) -> float:
+    """The first evaluated step whose error rate is below `success_below` (Pascanu et al. 2013:
+    a run has learned the adding problem when fewer than 1% of the test sequences have a
+    squared error above 0.04); NaN if none. `error_rates` is NaN at steps not evaluated."""
+    rates = np.asarray(error_rates, float)
+    reached = rates < success_below  # NaN compares False
+    return float(np.asarray(steps)[np.argmax(reached)]) if reached.any() else math.nan
+
+
+def succeeded(error_rates, success_below: float, diverged_: bool) -> bool:
+    """Whether a run succeeded: it did not diverge and its last evaluated error rate is below
+    `success_below` (the paper's criterion, judged at the final evaluation)."""
+    rates = np.asarray(error_rates, float)
+    rates = rates[~np.isnan(rates)]
+    return bool(not diverged_ and len(rates) and rates[-1] < success_below)
