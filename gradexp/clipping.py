@@ -102,14 +102,16 @@ def clip_by_norm(grads: list, max_norm: float) -> tuple[list, dict]:
     Keras 3 calls tf.clip_by_norm, (g_i · c) / max(‖g_i‖, c), for every tensor; we use the same
     expression where it clips (bit-for-bit Keras' result) and leave g_i alone elsewhere (Keras'
     (g·c)/c may move g by a rounding). threshold = c; the global norm after is ≤ c·sqrt(#tensors).
+    Computed in float32 and cast back to g's dtype, like the global norm.
     """
     norm = global_norm(grads)
     finite = tf.math.is_finite(norm)
     out, over = [], []
     for g in grads:
-        tensor_norm = tf.sqrt(tf.reduce_sum(g * g, axis=None, keepdims=True))
+        g32 = tf.cast(g, tf.float32)  # a float16 g² overflows from |g| ≈ 256 (a no-op for float32)
+        tensor_norm = tf.sqrt(tf.reduce_sum(g32 * g32, axis=None, keepdims=True))
         too_long = finite & (tensor_norm > max_norm)
-        out.append(tf.where(too_long, g * max_norm / tensor_norm, g))
+        out.append(tf.where(too_long, tf.cast(g32 * max_norm / tensor_norm, g.dtype), g))
         over.append(tf.reduce_any(too_long))
     return out, _stats(norm, out, max_norm, _any(over))
 
