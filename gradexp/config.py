@@ -597,6 +597,8 @@ def validate(cfg: DictConfig) -> None:
     _unknown_keys(cfg)
     need(cfg.clip is None or (finite(cfg.clip) and cfg.clip > 0), "clip", cfg.clip,
          "must be a positive number or null (null: no clipping)")
+    # keras.utils.set_random_seed passes it to NumPy, which takes [0, 2**32 - 1] only
+    need(0 <= cfg.seed <= 2**32 - 1, "seed", cfg.seed, "must be an integer in [0, 2**32 - 1]")
     one_of("device", cfg.device, DEVICES)
     one_of("precision", cfg.precision, PRECISIONS)
     one_of("strategy", cfg.strategy, STRATEGIES)
