@@ -22,7 +22,8 @@ from hydra import compose
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict, read_write
 
-from gradexp.config import ConfigError, check_device, explain, sweep_jobs, validate
+from gradexp.config import ConfigError, explain, sweep_jobs, validate
+from gradexp.devices import check_device
 from gradexp.rundir import check_resumable
 
 FAILED_RUNS: list[str] = []  # set at the end of a sweep; the entry point's exit status reads it
