@@ -115,12 +115,13 @@ def unlogged_steps_per_s(cfg) -> float:
 
 
 def _model_and_loss(cfg, arrays):
-    from gradexp import models
+    from gradexp import config, models
     from gradexp._tf import keras, tf
-    from gradexp.train import make_optimizer, task_loss
+    from gradexp.optimizers import make_optimizer
+    from gradexp.train import task_loss
 
-    model = models.build(cfg, arrays.input_shape, arrays.num_outputs)
-    optimizer = make_optimizer(cfg.optimizer, cfg.precision, keras)
+    model = models.build(cfg.model, config.clip_spec(cfg), arrays.input_shape, arrays.num_outputs)
+    optimizer = make_optimizer(cfg.optimizer, cfg.precision)
     return model, optimizer, task_loss(arrays.num_classes, keras, tf)
 
 

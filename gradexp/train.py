@@ -186,15 +186,17 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> SimpleNamespace:
     """The model, its optimizer and clipper, and the compiled functions a run calls:
     `train_steps(iterator, n)` (up to n steps, one row of `names` per step), `evaluate()` on
     `val_batches` (a dataset the caller sets), `gradients(x, y)` (for histograms)."""
-    from gradexp import clipping, models
+    from gradexp import clipping, models, optimizers
     from gradexp._tf import keras, tf
 
     t = cfg.trainer
     replicas = strategy.num_replicas_in_sync
     with strategy.scope():
-        model = models.build(cfg, arrays.input_shape, arrays.num_outputs)
+        config.check_model_takes(cfg.model, cfg.dataset.name, arrays.input_shape)
+        model = models.build(cfg.model, config.clip_spec(cfg), arrays.input_shape,
+                             arrays.num_outputs)
         params = model.trainable_variables
-        optimizer = make_optimizer(cfg.optimizer, cfg.precision, keras)
+        optimizer = optimizers.make_optimizer(cfg.optimizer, cfg.precision)
         optimizer.build(params)
         head = models.head(model).trainable_variables
         clipper = clipping.make_clipper(cfg.clipping, params, output_params=head)
@@ -289,19 +291,6 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> SimpleNamespace:
                                train_steps=train_steps, evaluate=evaluate, gradients=gradients,
                                val_batches=None)
     return compiled
-
-
-def make_optimizer(o: DictConfig, precision: str, keras):
-    """The optimizer of `o`; under mixed_float16 inside Keras's dynamic loss scaling."""
-    if o.name == "sgd":
-        optimizer = keras.optimizers.SGD(o.learning_rate, momentum=o.momentum,
-                                         nesterov=o.nesterov)
-    else:
-        optimizer = keras.optimizers.Adam(o.learning_rate, beta_1=o.beta_1, beta_2=o.beta_2,
-                                          epsilon=o.epsilon)
-    if precision == "mixed_float16":
-        return keras.optimizers.LossScaleOptimizer(optimizer)
-    return optimizer
 
 
 def task_loss(num_classes: int | None, keras, tf):
