@@ -114,10 +114,11 @@ def unlogged_steps_per_s(cfg) -> float:
 
 
 def _model_and_loss(cfg, arrays):
-    from gradexp import models
-    from gradexp.step import make_optimizer, task_loss
+    from gradexp import config, models
+    from gradexp.optimizers import make_optimizer
+    from gradexp.step import task_loss
 
-    model = models.build(cfg, arrays.input_shape, arrays.num_outputs)
+    model = models.build(cfg.model, config.clip_spec(cfg), arrays.input_shape, arrays.num_outputs)
     optimizer = make_optimizer(cfg.optimizer, cfg.precision)
     return model, optimizer, task_loss(arrays.num_classes)
 

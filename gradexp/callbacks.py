@@ -23,7 +23,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict, read_write
 
 from gradexp import rundir
-from gradexp.config import ConfigError, check_device, explain, sweep_jobs, validate
+from gradexp.config import ConfigError, explain, sweep_jobs, validate
+from gradexp.devices import check_device
 from gradexp.rundir import check_resumable, read_status
 
 

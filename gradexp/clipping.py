@@ -2,8 +2,7 @@
 
 The trainer makes one clipper per run, outside its compiled step, and calls it inside:
 
-    clipper = make_clipper(cfg.clipping, params,
-                           output_params=model.get_layer("logits").trainable_variables)
+    clipper = make_clipper(cfg.clipping, params, output_params=head.trainable_variables)
     ...
     grads = tape.gradient(loss, params)
     grads, stats = clipper(grads, params)
@@ -41,10 +40,30 @@ from typing import Any
 import numpy as np
 
 from gradexp._tf import tf
+from gradexp.config import Registry
 
 INF = float("inf")
 AGC_MIN_GRAD_NORM = 1e-6  # nfnets: floor on ‖G_unit‖ in the rescale, "just in case"
 ZCLIP_EPS = 1e-6  # the ZClip reference's eps in z = (g − μ) / (σ + eps)
+
+
+# Each method under its name in conf/clipping/: @method(name) on a factory (its config node, the
+# parameters, the output layer's parameters) -> Clipper, or @stateless(name, *keys) on f(grads,
+# *settings) whose settings are the config's `keys`. make_clipper looks the name up.
+METHODS = Registry("clipping", "method", "gradexp/clipping.py")
+method = METHODS.add
+
+
+def stateless(name: str, *keys: str):
+    def register(clip: Callable) -> Callable:
+        @method(name)
+        def make(c, params, output_params) -> Clipper:
+            settings = [float(c[key]) for key in keys]
+            return Clipper(c.name, lambda grads, params: clip(grads, *settings))
+
+        return clip
+
+    return register
 
 
 # --------------------------------------------------------------------------- shared pieces
@@ -78,12 +97,14 @@ def _any(flags: list) -> tf.Tensor:
 
 
 # --------------------------------------------------------------------------- stateless
+@stateless("none")
 def no_clipping(grads: list) -> tuple[list, dict]:
     """g ← g. threshold = inf."""
     norm = global_norm(grads)
     return list(grads), _stats(norm, grads, INF, False)
 
 
+@stateless("value", "max_value")
 def clip_by_value(grads: list, max_value: float) -> tuple[list, dict]:
     """g ← clip(g, −v, v), elementwise (Keras `clipvalue`, which calls tf.clip_by_value).
 
@@ -96,24 +117,28 @@ def clip_by_value(grads: list, max_value: float) -> tuple[list, dict]:
     return out, _stats(norm, out, max_value, clipped)
 
 
+@stateless("norm", "max_norm")
 def clip_by_norm(grads: list, max_norm: float) -> tuple[list, dict]:
     """Each tensor on its own: g_i ← g_i · c / ‖g_i‖ where ‖g_i‖ > c (Keras `clipnorm`).
 
     Keras 3 calls tf.clip_by_norm, (g_i · c) / max(‖g_i‖, c), for every tensor; we use the same
     expression where it clips (bit-for-bit Keras' result) and leave g_i alone elsewhere (Keras'
     (g·c)/c may move g by a rounding). threshold = c; the global norm after is ≤ c·sqrt(#tensors).
+    Computed in float32 and cast back to g's dtype, like the global norm.
     """
     norm = global_norm(grads)
     finite = tf.math.is_finite(norm)
     out, over = [], []
     for g in grads:
-        tensor_norm = tf.sqrt(tf.reduce_sum(g * g, axis=None, keepdims=True))
+        g32 = tf.cast(g, tf.float32)  # a float16 g² overflows from |g| ≈ 256 (a no-op for float32)
+        tensor_norm = tf.sqrt(tf.reduce_sum(g32 * g32, axis=None, keepdims=True))
         too_long = finite & (tensor_norm > max_norm)
-        out.append(tf.where(too_long, g * max_norm / tensor_norm, g))
+        out.append(tf.where(too_long, tf.cast(g32 * max_norm / tensor_norm, g.dtype), g))
         over.append(tf.reduce_any(too_long))
     return out, _stats(norm, out, max_norm, _any(over))
 
 
+@stateless("global_norm", "max_norm")
 def clip_by_global_norm(grads: list, max_norm: float) -> tuple[list, dict]:
     """All tensors together: g ← g · c / ‖g‖ where ‖g‖ > c (Keras `global_clipnorm`; Pascanu,
     Mikolov & Bengio 2013, "On the difficulty of training recurrent neural networks").
@@ -171,6 +196,17 @@ def adaptive_clip(grads: list, params: list, factor: float, eps: float,
         over.append(tf.reduce_any(trigger))
     clipped = _any(over) if over else tf.constant(False)
     return out, _stats(norm, out, factor, clipped)
+
+
+@method("agc")
+def _agc(c, params, output_params) -> Clipper:
+    factor, eps = float(c.factor), float(c.eps)
+    excluded = output_paths(params, output_params) if c.exclude_output else set()
+    if c.exclude_output and not excluded:
+        raise ValueError("clipping=agc with exclude_output=true: pass the output layer's "
+                         "parameters as output_params")
+    return Clipper(c.name, lambda grads, params: adaptive_clip(
+        grads, params, factor, eps, [variable_path(v) in excluded for v in params]))
 
 
 # --------------------------------------------------------------------------- AutoClip
@@ -267,6 +303,13 @@ def autoclip(grads: list, history: NormHistory, p: float) -> tuple[list, dict]:
     return out, _stats(norm, out, threshold, clipped)
 
 
+@method("autoclip")
+def _autoclip(c, params, output_params) -> Clipper:
+    history, clip_percentile = NormHistory.create(int(c.history)), float(c.percentile)
+    return Clipper(c.name, lambda grads, params: autoclip(grads, history, clip_percentile),
+                   history.variables)
+
+
 # --------------------------------------------------------------------------- ZClip
 @dataclass
 class ZClipState:
@@ -344,6 +387,14 @@ def _zclip_record(state: ZClipState, norm, effective, keep, alpha: float) -> Non
     state.seen.assign_add(tf.cast(keep, tf.int64))
 
 
+@method("zclip")
+def _zclip(c, params, output_params) -> Clipper:
+    state = ZClipState.create(int(c.warmup_steps))
+    alpha, z_threshold = float(c.alpha), float(c.z_threshold)
+    return Clipper(c.name, lambda grads, params: zclip(grads, state, alpha, z_threshold),
+                   state.variables)
+
+
 # --------------------------------------------------------------------------- the trainer's API
 @dataclass(eq=False)  # hashable by identity, like a function
 class Clipper:
@@ -376,34 +427,7 @@ def make_clipper(cfg: Any, params: list, output_params: Iterable | None = None) 
     `output_params`: the output layer's parameters, as variables, variable paths, or one boolean
     per entry of `params`; AGC leaves them unclipped when `exclude_output` is true.
     """
-    name = cfg.name
-    if name == "none":
-        return Clipper(name, lambda grads, params: no_clipping(grads))
-    if name == "value":
-        max_value = float(cfg.max_value)
-        return Clipper(name, lambda grads, params: clip_by_value(grads, max_value))
-    if name in ("norm", "global_norm"):
-        max_norm = float(cfg.max_norm)
-        method = clip_by_norm if name == "norm" else clip_by_global_norm
-        return Clipper(name, lambda grads, params: method(grads, max_norm))
-    if name == "agc":
-        factor, eps = float(cfg.factor), float(cfg.eps)
-        excluded = output_paths(params, output_params) if cfg.exclude_output else set()
-        if cfg.exclude_output and not excluded:
-            raise ValueError("clipping=agc with exclude_output=true: pass the output layer's "
-                             "parameters as output_params")
-        return Clipper(name, lambda grads, params: adaptive_clip(
-            grads, params, factor, eps, [variable_path(v) in excluded for v in params]))
-    if name == "autoclip":
-        history, clip_percentile = NormHistory.create(int(cfg.history)), float(cfg.percentile)
-        return Clipper(name, lambda grads, params: autoclip(grads, history, clip_percentile),
-                       history.variables)
-    if name == "zclip":
-        state = ZClipState.create(int(cfg.warmup_steps))
-        alpha, z_threshold = float(cfg.alpha), float(cfg.z_threshold)
-        return Clipper(name, lambda grads, params: zclip(grads, state, alpha, z_threshold),
-                       state.variables)
-    raise ValueError(f"clipping={name}: no such method")
+    return METHODS[cfg.name](cfg, params, output_params)
 
 
 def variable_path(v) -> str:

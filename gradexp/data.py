@@ -1,6 +1,7 @@
 """Datasets (arrays in memory) and their tf.data pipelines.
 
-Each loader returns (x, y, num_classes); num_classes None means regression (y is a float per
+Each loader, registered by `@loader(name)` under its schema's name (gradexp/config/dataset.py),
+returns (x, y, num_classes); num_classes None means regression (y is a float per
 example, the model has one output). `synthetic`, `adding` and `teacher` are generated from
 `dataset.seed`, `digits` ships inside the scikit-learn wheel, and `mnist`, `fashion_mnist`,
 `cifar10` are keras.datasets files, read from `dataset.cache_dir` (downloaded there when
@@ -21,9 +22,11 @@ import numpy as np
 from omegaconf import DictConfig
 
 from gradexp._tf import keras, tf
-from gradexp.config import ConfigError
+from gradexp.config import ConfigError, Registry
 
 DOWNLOAD_TIMEOUT_S = 30  # per connection attempt or read: a silent network fails in seconds
+LOADERS = Registry("dataset", "loader", "gradexp/data.py")
+loader = LOADERS.add  # @loader("digits"): the loader of dataset=digits
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Arrays:
         return 1 if self.num_classes is None else self.num_classes
 
 
+@loader("synthetic")
 def synthetic(d: DictConfig) -> tuple[np.ndarray, np.ndarray, int]:
     """Gaussian clusters: mean_c ~ N(0, separation²·I), x = mean_y + N(0, I), y uniform."""
     rng = np.random.default_rng(d.seed)
@@ -53,6 +57,7 @@ def synthetic(d: DictConfig) -> tuple[np.ndarray, np.ndarray, int]:
     return x.astype(np.float32), y.astype(np.int32), d.num_classes
 
 
+@loader("digits")
 def digits(d: DictConfig) -> tuple[np.ndarray, np.ndarray, int]:
     """scikit-learn's 8x8 digits as (8, 8, 1) images in [0, 1]."""
     from sklearn.datasets import load_digits
@@ -62,6 +67,7 @@ def digits(d: DictConfig) -> tuple[np.ndarray, np.ndarray, int]:
     return x, bunch.target.astype(np.int32), 10
 
 
+@loader("adding")
 def adding(d: DictConfig) -> tuple[np.ndarray, np.ndarray, None]:
     """The adding problem, a regression over a long sequence (T = `length` steps):
 
@@ -87,6 +93,7 @@ def adding(d: DictConfig) -> tuple[np.ndarray, np.ndarray, None]:
     return x.astype(np.float32), y.astype(np.float32), None
 
 
+@loader("teacher")
 def teacher(d: DictConfig) -> tuple[np.ndarray, np.ndarray, None]:
     """Teacher-student regression, a task for deep MLPs (F = `num_features`, L = `depth`):
 
@@ -114,6 +121,9 @@ def teacher(d: DictConfig) -> tuple[np.ndarray, np.ndarray, None]:
 
 
 # ---------------------------------------------------------------------------- keras.datasets
+@loader("mnist")
+@loader("fashion_mnist")
+@loader("cifar10")
 def keras_images(d: DictConfig) -> tuple[np.ndarray, np.ndarray, int]:
     """keras.datasets.<name>.load_data(), its files in `d.cache_dir`: training and test images
     pooled as (N, H, W, C) in [0, 1] (then a random subset of `d.num_examples`, if set)."""
@@ -188,10 +198,6 @@ def keras_download_name(fname: str, extract: bool) -> str:
     `fname` itself, but an archive to extract without a dot in `fname` is `<fname>_archive`
     (cifar10: cifar-10-batches-py-target_archive, the .tar.gz renamed)."""
     return f"{fname}_archive" if extract and "." not in fname else fname
-
-
-LOADERS = {"synthetic": synthetic, "digits": digits, "adding": adding, "teacher": teacher,
-           "mnist": keras_images, "fashion_mnist": keras_images, "cifar10": keras_images}
 
 
 def load(d: DictConfig) -> Arrays:

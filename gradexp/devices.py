@@ -1,12 +1,23 @@
-"""Which devices a run uses. Called before TensorFlow places its first op."""
+"""Which devices a run uses. Called before TensorFlow places its first op.
+
+TensorFlow is imported inside the functions: the Hydra callbacks import `check_device`, and a
+bad config must be answered before that slow import.
+"""
 
 from __future__ import annotations
 
-from gradexp._tf import tf
-from gradexp.config import ConfigError
+from gradexp.config.base import ConfigError
+
+
+def check_device(device: str) -> None:
+    """device=gpu needs a GPU; only this check loads TensorFlow, and only when it is asked."""
+    if device == "gpu":
+        require_gpu()
 
 
 def require_gpu() -> None:
+    from gradexp._tf import tf
+
     if not tf.config.list_physical_devices("GPU"):
         raise ConfigError("device=gpu: no GPU is visible to TensorFlow; use device=auto or cpu")
 
@@ -17,6 +28,8 @@ def configure(device: str) -> str:
     cpu hides every GPU; gpu requires one; auto uses GPUs when present. GPU memory grows on
     demand rather than being reserved whole, so the runs of a sweep can share a card.
     """
+    from gradexp._tf import tf
+
     gpus = tf.config.list_physical_devices("GPU")
     if device == "cpu":
         tf.config.set_visible_devices([], "GPU")
@@ -44,6 +57,8 @@ def precision(policy: str) -> None:
 def strategy(name: str):
     """`none`: TensorFlow's default (one device); `mirrored`: every visible GPU, or every
     logical CPU when there is no GPU (a test splits the CPU into two logical devices)."""
+    from gradexp._tf import tf
+
     if name == "none":
         return tf.distribute.get_strategy()
     gpus = tf.config.list_logical_devices("GPU")
@@ -55,7 +70,7 @@ def prepare_process(device: str, policy: str, seed: int, deterministic: bool) ->
     """Everything a run sets in its process before building a model, reset every run (a
     reused worker keeps the last run's state): op determinism, devices, a fresh Keras session,
     the seeds, the dtype policy. Returns `configure`'s description of the devices."""
-    from gradexp._tf import keras
+    from gradexp._tf import keras, tf
 
     if deterministic:
         tf.config.experimental.enable_op_determinism()

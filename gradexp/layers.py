@@ -56,7 +56,9 @@ def _backward(dy, clip_min, clip_max, max_norm, grad_scale, loss_scale, per_exam
             dx = tf.where(finite, tf.clip_by_value(g, low, high), g)
         if max_norm is not None:
             if per_example:
-                axes = list(range(1, len(g.shape))) or None
+                # every axis but the first; none for a rank-1 dx, whose examples are its
+                # elements (`[] or None` would have meant the whole batch)
+                axes = list(range(1, len(g.shape)))
                 norm = tf.sqrt(tf.reduce_sum(tf.square(dx), axis=axes, keepdims=True))
             else:
                 norm = tf.norm(dx)

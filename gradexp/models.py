@@ -1,9 +1,10 @@
 """Keras models with clip layers at named positions.
 
-Each builder `f(model_cfg, inputs, num_outputs, tap) -> outputs` calls `tap(name, x)` at every
-position where a clip layer may go, in model order (the names are the schema's `positions()`,
-see gradexp/config.py): `tap` returns x through a `ClipGradient` layer named `clip_<name>` where
-the config asks for one, and x itself elsewhere. A position inside another layer (the recurrence
+Each builder `f(model_cfg, inputs, num_outputs, tap) -> outputs`, registered by `@model(name)`
+under its schema's name, calls `tap(name, x)` at every position where a clip layer may go, in
+model order (the names are the schema's `positions()`, see gradexp/config/model.py): `tap`
+returns x through a `ClipGradient` layer named `clip_<name>` where the ClipSpec puts one, and x
+itself elsewhere. A position inside another layer (the recurrence
 of an RNN) asks `tap.layer(name)` for the clip layer itself (None where none is asked for).
 The output layer, `head`, gives logits (classification) or the predicted value (regression).
 """
@@ -15,10 +16,12 @@ from collections.abc import Callable
 from omegaconf import DictConfig, OmegaConf
 
 from gradexp._tf import keras
-from gradexp.config import check_model_takes, clip_bounds, positions
+from gradexp.config import ClipSpec, Registry
 from gradexp.layers import ClipGradient
 
 HEAD = "head"  # every builder's output layer: logits, or the regression output
+BUILDERS = Registry("model", "builder", "gradexp/models.py")
+model = BUILDERS.add  # @model("mlp"): the builder of model=mlp
 
 class Tap:
     """Hands out the clip layers of the chosen positions and records every position asked for."""
@@ -36,6 +39,7 @@ class Tap:
 
 
 # ------------------------------------------------------------------------------ builders
+@model("mlp")
 def mlp(m: DictConfig, x, num_outputs: int, tap: Tap):
     x = keras.layers.Flatten(name="flatten")(x)
     for name in OmegaConf.to_object(m).positions():
@@ -45,6 +49,7 @@ def mlp(m: DictConfig, x, num_outputs: int, tap: Tap):
     return keras.layers.Dense(num_outputs, kernel_initializer=m.initializer, name=HEAD)(x)
 
 
+@model("cnn")
 def cnn(m: DictConfig, x, num_outputs: int, tap: Tap):
     for i in range(1, m.blocks + 1):
         x = keras.layers.Conv2D(m.filters * 2 ** (i - 1), m.kernel_size, padding="same",
@@ -63,6 +68,7 @@ RNN_CELLS = {"simple": keras.layers.SimpleRNNCell, "lstm": keras.layers.LSTMCell
              "gru": keras.layers.GRUCell}
 
 
+@model("rnn")
 def rnn(m: DictConfig, x, num_outputs: int, tap: Tap):
     x = as_sequence(x)
     for i in range(1, m.layers + 1):
@@ -77,6 +83,7 @@ def rnn(m: DictConfig, x, num_outputs: int, tap: Tap):
     return keras.layers.Dense(num_outputs, name=HEAD)(x)
 
 
+@model("transformer")
 def transformer(m: DictConfig, x, num_outputs: int, tap: Tap):
     x = keras.layers.Dense(m.width, name="embed")(as_sequence(x))
     x = tap("embed", PositionEmbedding(name="position")(x))
@@ -112,9 +119,6 @@ def as_sequence(x):
         _, height, width, channels = x.shape
         return keras.layers.Reshape((height, width * channels), name="rows")(x)
     return x
-
-
-BUILDERS = {"mlp": mlp, "cnn": cnn, "rnn": rnn, "transformer": transformer}
 
 
 # -------------------------------------------------------------------------------- layers
@@ -176,24 +180,23 @@ class PositionEmbedding(keras.layers.Layer):
 
 
 # ---------------------------------------------------------------------------------- model
-def build(cfg: DictConfig, input_shape: tuple[int, ...], num_outputs: int) -> keras.Model:
-    """The model of `cfg.model` for examples of `input_shape`, with clip layers at
-    `cfg.layer.positions`; ConfigError if the model cannot take such examples.
+def build(m: DictConfig, clip: ClipSpec, input_shape: tuple[int, ...],
+          num_outputs: int) -> keras.Model:
+    """The model of config node `m` for examples of `input_shape`, with clip layers as `clip`
+    says (at `clip.positions`). Whether the model takes such examples is the caller's check
+    (config.check_model_takes).
 
     The outputs are float32 whatever the precision policy, so the loss is computed in float32.
     """
-    schema = OmegaConf.to_object(cfg.model)
-    check_model_takes(schema, cfg.dataset.name, input_shape)
-    clip_min, clip_max = clip_bounds(cfg)
-    tap = Tap(positions(cfg), lambda name: ClipGradient(
-        clip_min, clip_max, cfg.layer.scale, cfg.layer.grad_scale, max_norm=cfg.layer.max_norm,
-        norm_axis=cfg.layer.norm_axis, name=f"clip_{name}"))
+    tap = Tap(list(clip.positions), lambda name: ClipGradient(
+        clip.clip_min, clip.clip_max, clip.scale, clip.grad_scale, max_norm=clip.max_norm,
+        norm_axis=clip.norm_axis, name=f"clip_{name}"))
     inputs = keras.Input(input_shape, name="inputs")
-    outputs = BUILDERS[cfg.model.name](cfg.model, inputs, num_outputs, tap)
-    expected = schema.positions()
-    assert tap.tapped == expected, f"{cfg.model.name} tapped {tap.tapped}, schema says {expected}"
+    outputs = BUILDERS[m.name](m, inputs, num_outputs, tap)
+    expected = OmegaConf.to_object(m).positions()
+    assert tap.tapped == expected, f"{m.name} tapped {tap.tapped}, schema says {expected}"
     outputs = keras.layers.Activation("linear", dtype="float32", name="outputs")(outputs)
-    return keras.Model(inputs, outputs, name=cfg.model.name)
+    return keras.Model(inputs, outputs, name=m.name)
 
 
 def head(model: keras.Model):

@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from gradexp import clipping, models
+from gradexp import clipping, config, models, optimizers
 from gradexp._tf import keras, tf
 from gradexp.measures import diverged
 
@@ -42,9 +42,11 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
     t = cfg.trainer
     replicas = strategy.num_replicas_in_sync
     with strategy.scope():
-        model = models.build(cfg, arrays.input_shape, arrays.num_outputs)
+        config.check_model_takes(cfg.model, cfg.dataset.name, arrays.input_shape)
+        model = models.build(cfg.model, config.clip_spec(cfg), arrays.input_shape,
+                             arrays.num_outputs)
         params = model.trainable_variables
-        optimizer = make_optimizer(cfg.optimizer, cfg.precision)
+        optimizer = optimizers.make_optimizer(cfg.optimizer, cfg.precision)
         optimizer.build(params)
         head = models.head(model).trainable_variables
         clipper = clipping.make_clipper(cfg.clipping, params, output_params=head)
@@ -136,19 +138,6 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
         return {f"gradients/{v.path}": g for v, g in zip(params, grads, strict=True)}
 
     return CompiledStep(model, optimizer, clipper, tuple(names), train_steps, evaluate, gradients)
-
-
-def make_optimizer(o: DictConfig, precision: str):
-    """The optimizer of `o`; under mixed_float16 inside Keras's dynamic loss scaling."""
-    if o.name == "sgd":
-        optimizer = keras.optimizers.SGD(o.learning_rate, momentum=o.momentum,
-                                         nesterov=o.nesterov)
-    else:
-        optimizer = keras.optimizers.Adam(o.learning_rate, beta_1=o.beta_1, beta_2=o.beta_2,
-                                          epsilon=o.epsilon)
-    if precision == "mixed_float16":
-        return keras.optimizers.LossScaleOptimizer(optimizer)
-    return optimizer
 
 
 def task_loss(num_classes: int | None):

@@ -433,6 +433,16 @@ def test_none_gradients_pass_and_sparse_ones_are_clipped_dense():
     np.testing.assert_allclose(dense, [[0, 0], [0.6, 0.8], [0, 0]], rtol=1e-6)
 
 
+@pytest.mark.parametrize("method", ["norm", "global_norm"])
+def test_float16_gradients_are_clipped_by_a_norm_computed_in_float32(method):
+    # ‖[300, -200, 100]‖² = 140 000 overflows float16 (max 65 504): the norm must be float32
+    params = variables([np.ones(3, np.float16)])
+    (out,), stats = clipper_for(method, {"max_norm": 1.0}, params)(
+        [tf.constant([300.0, -200.0, 100.0], tf.float16)], params)
+    assert out.dtype == tf.float16 and float(stats["clipped"]) == 1.0
+    np.testing.assert_allclose(out.numpy(), [0.8018, -0.5345, 0.2673], rtol=2e-3)
+
+
 def test_agc_output_params_as_variables_paths_or_booleans():
     params = variables([np.ones((3, 2), np.float32), np.ones((2,), np.float32)])
     grads = [tf.fill([3, 2], 100.0), tf.fill([2], 100.0)]

@@ -31,6 +31,8 @@ BAD = [
     (["trainer.batch_size=1.5"], "trainer.batch_size=1.5", "converted to Integer"),
     (["trainer.jit_compile=maybe"], "trainer.jit_compile=maybe", "not a valid bool"),
     (["seed=abc"], "seed=abc", "converted to Integer"),
+    (["seed=-1"], "seed=-1", "must be an integer in [0, 2**32 - 1]"),
+    (["seed=4294967296"], "seed=4294967296", "must be an integer in [0, 2**32 - 1]"),
     (["clip=[1,2]"], "clip=[1,2]", "converted to Float"),
     (["clip="], "clip=", "converted to Float"),
     # values and choices

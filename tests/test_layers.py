@@ -142,6 +142,16 @@ def test_norm_bound_per_batch_and_per_example_match_tf_clip_by_norm(mode):
     np.testing.assert_array_equal(large, dy)  # a bound above every norm is the identity
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_per_example_norm_of_a_rank_1_input_bounds_each_element(mode):
+    # shape (3,): three examples of one element each, the same as shape (3, 1)
+    dy = tf.constant([0.3, 0.3, 0.3])
+    dx = MODES[mode](lambda: backward(dy, max_norm=0.4, norm_axis="example"))()
+    columns = MODES[mode](lambda: backward(dy[:, None], max_norm=0.4, norm_axis="example"))()
+    np.testing.assert_allclose(dx, [0.3, 0.3, 0.3], rtol=1e-6)  # each |dy| <= 0.4: unchanged
+    np.testing.assert_allclose(dx, columns[:, 0], rtol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
 @pytest.mark.parametrize("kwargs", [
     {"clip_min": -0.1, "clip_max": 0.1},

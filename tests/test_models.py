@@ -123,7 +123,7 @@ def two_layer_rnn(make_cfg, cell, position):
     cfg = make_cfg("model=rnn", f"model.cell={cell}", f"model.units={UNITS}", "model.layers=2",
                    "dataset=adding", f"dataset.length={STEPS}", f"clip={BOUND}",
                    f"layer.positions=[{position}]")
-    return models.build(cfg, (STEPS, FEATURES), 1)
+    return models.build(cfg.model, config.clip_spec(cfg), (STEPS, FEATURES), 1)
 
 
 def by_hand(model, x, where: str | None):

@@ -1,0 +1,81 @@
+"""gradexp's side of Hydra: the schemas put in its ConfigStore (derived from the groups'
+registries), the resolvers conf/config.yaml uses, the expansion of a sweep into its jobs, and
+Hydra's and OmegaConf's error texts turned into one line (`explain`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
+
+from gradexp.config.base import ConfigError, schema_keys
+from gradexp.config.clipping import ClippingConfig
+from gradexp.config.dataset import DatasetConfig
+from gradexp.config.model import ModelConfig
+from gradexp.config.optimizer import OptimizerConfig
+from gradexp.config.root import Config
+from gradexp.rundir import NotResumable
+
+GROUPS = (ModelConfig, DatasetConfig, OptimizerConfig, ClippingConfig)  # their OPTIONS registries
+
+
+def register() -> None:
+    """Put the schemas in Hydra's ConfigStore: the root as `base_config`, each option of a group
+    as `<group>_<name>_schema`, which conf/<group>/<name>.yaml extends."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for base in GROUPS:
+        for name, schema in base.OPTIONS.items():
+            cs.store(name=f"{base.OPTIONS.group}_{name}_schema", node=schema)
+
+
+register()
+
+
+def _run_dir(resume: str | None, new_dir: str) -> str:
+    return resume or new_dir
+
+
+def _hydra_subdir(resume: str | None) -> str:
+    """A resumed run keeps its .hydra/ files; the resuming command's go beside them."""
+    return ".hydra" if not resume else f".hydra/resumed-{datetime.now():%Y-%m-%d_%H-%M-%S}"
+
+
+OmegaConf.register_new_resolver("gradexp.run_dir", _run_dir, replace=True)
+OmegaConf.register_new_resolver("gradexp.hydra_subdir", _hydra_subdir, replace=True)
+
+
+def explain(exc: BaseException) -> str | None:
+    """One line for a bad-input error from Hydra, OmegaConf or `validate`; None otherwise."""
+    if isinstance(exc, (ConfigError, NotResumable)):
+        return str(exc)
+    if isinstance(exc, MissingConfigException) and exc.options is not None and exc.missing_cfg_file:
+        group, _, name = exc.missing_cfg_file.rpartition("/")
+        return f"{group}={name}: no such option; choose one of {', '.join(sorted(exc.options))}"
+    cause = exc.__cause__
+    if isinstance(exc, ConfigCompositionException) and isinstance(cause, OmegaConfBaseException):
+        key = getattr(cause, "full_key", None) or "config"
+        if str(exc).startswith("Error merging override "):
+            key = str(exc).removeprefix("Error merging override ")
+        reason = str(cause).splitlines()[0]
+        schema = getattr(cause, "object_type", None)
+        if isinstance(cause, ConfigAttributeError) and dataclasses.is_dataclass(schema):
+            reason = f"no such key; allowed: {', '.join(schema_keys(schema))}"
+        return f"{key}: {reason}"
+    if isinstance(exc, (OverrideParseException, ConfigCompositionException)):
+        return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return None
+
+
+def sweep_jobs(config: DictConfig) -> list[list[str]]:
+    """The override lists of a basic-sweeper multirun (`hydra.sweeper.params`, then the CLI)."""
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    parsed = OverridesParser.create().parse_overrides(arguments)
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]

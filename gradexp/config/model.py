@@ -1,0 +1,169 @@
+"""The `model` group's schemas (conf/model/): each model's keys, its checks, the names of the
+positions where a clip layer may go, and which inputs it takes. The builders are in
+gradexp/models.py, registered under the same names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from gradexp.config.base import (
+    Choice,
+    ConfigError,
+    Registry,
+    at_least,
+    finite,
+    need,
+    one_of,
+)
+
+ACTIVATIONS = ("relu", "tanh", "sigmoid", "gelu", "elu", "selu", "silu", "softplus", "linear")
+INITIALIZERS = (
+    "glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "lecun_uniform",
+    "lecun_normal", "orthogonal", "random_normal", "random_uniform",
+)
+CELLS = ("simple", "lstm", "gru")
+NORMS = ("pre", "post")
+# What one example is, by the rank of its shape (see `input_kind`); each model says which it takes
+VECTORS, SEQUENCES, IMAGES = "vectors", "sequences", "images"  # (F,), (T, F), (H, W, C)
+
+
+@dataclass
+class ModelConfig(Choice):
+    """A model: `INPUTS` the kinds of example it takes (`NEEDS` says so in words)."""
+
+    OPTIONS: ClassVar[Registry] = Registry("model", "schema", "gradexp/config/model.py")
+    INPUTS: ClassVar[tuple[str, ...]] = ()
+    NEEDS: ClassVar[str] = ""
+
+    def positions(self) -> list[str]:
+        """Where a clip layer may go, in model order."""
+        raise NotImplementedError
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    """Inputs flattened, `depth` hidden Dense layers of `width` units, a Dense output layer."""
+
+    name: str = "mlp"
+    depth: int = MISSING
+    width: int = MISSING
+    activation: str = MISSING
+    initializer: str = MISSING
+    INPUTS: ClassVar[tuple[str, ...]] = (VECTORS, SEQUENCES, IMAGES)
+    NEEDS: ClassVar[str] = "any inputs"
+
+    def positions(self) -> list[str]:
+        return [f"dense_{i}" for i in range(1, self.depth + 1)]
+
+    def check(self) -> None:
+        at_least(self, 1, "depth", "width")
+        one_of("activation", self.activation, ACTIVATIONS)
+        one_of("initializer", self.initializer, INITIALIZERS)
+
+
+@dataclass
+class CNNConfig(ModelConfig):
+    """`blocks` × [Conv2D of filters·2^(i-1) (kernel_size², same padding) → activation → 2×2
+    max-pool], then one Dense layer of `width` units, then the output layer."""
+
+    name: str = "cnn"
+    blocks: int = MISSING
+    filters: int = MISSING
+    kernel_size: int = MISSING
+    width: int = MISSING
+    activation: str = MISSING
+    initializer: str = MISSING
+    INPUTS: ClassVar[tuple[str, ...]] = (IMAGES,)
+    NEEDS: ClassVar[str] = "image inputs (H, W, C)"
+
+    def positions(self) -> list[str]:
+        return [f"conv_{i}" for i in range(1, self.blocks + 1)] + ["dense_1"]
+
+    def check(self) -> None:
+        at_least(self, 1, "blocks", "filters", "kernel_size", "width")
+        one_of("activation", self.activation, ACTIVATIONS)
+        one_of("initializer", self.initializer, INITIALIZERS)
+
+
+@dataclass
+class RNNConfig(ModelConfig):
+    """`layers` stacked recurrent layers of `units` (`cell`: simple | lstm | gru); the last one's
+    final output goes to the output layer. Images are read row by row (H steps of W·C features).
+
+    Positions of layer i: `rnn_<i>_state`, inside the recurrence (the hidden state h_t, at every
+    time step: backpropagation through time is clipped step by step), then `rnn_<i>`, the
+    layer's output. The recurrent kernel starts as `recurrent_gain` × a random orthogonal
+    matrix: above 1, gradients through time can explode.
+    """
+
+    name: str = "rnn"
+    cell: str = MISSING
+    units: int = MISSING
+    layers: int = MISSING
+    activation: str = MISSING  # of the state (simple) or the candidate (lstm, gru)
+    recurrent_gain: float = MISSING
+    INPUTS: ClassVar[tuple[str, ...]] = (SEQUENCES, IMAGES)
+    NEEDS: ClassVar[str] = "sequence inputs (T, F) or images (H, W, C), read row by row"
+
+    def positions(self) -> list[str]:
+        return [p for i in range(1, self.layers + 1) for p in (f"rnn_{i}_state", f"rnn_{i}")]
+
+    def check(self) -> None:
+        one_of("cell", self.cell, CELLS)
+        at_least(self, 1, "units", "layers")
+        one_of("activation", self.activation, ACTIVATIONS)
+        need(finite(self.recurrent_gain) and self.recurrent_gain > 0, "recurrent_gain",
+             self.recurrent_gain, "must be a positive number")
+
+
+@dataclass
+class TransformerConfig(ModelConfig):
+    """A small encoder: inputs projected to `width` plus a learned position embedding, `blocks` ×
+    [multi-head self-attention, MLP of `mlp_width`], each a residual branch with layer norm,
+    then the mean over time and the output layer. Images are read row by row.
+
+    norm=pre: x + f(LN(x)) (GPT-2 style, a final LN before pooling); norm=post: LN(x + f(x))
+    (Vaswani et al. 2017), which needs a learning-rate warm-up to train stably (Xiong et al.
+    2020). Positions: `embed` (the projected inputs), then per block `attn_<i>` and `mlp_<i>`,
+    each branch's output before it joins the residual stream (so the skip connection carries
+    the unclipped gradient past it).
+    """
+
+    name: str = "transformer"
+    blocks: int = MISSING
+    width: int = MISSING
+    heads: int = MISSING
+    mlp_width: int = MISSING
+    activation: str = MISSING
+    norm: str = MISSING
+    INPUTS: ClassVar[tuple[str, ...]] = (SEQUENCES, IMAGES)
+    NEEDS: ClassVar[str] = "sequence inputs (T, F) or images (H, W, C), read row by row"
+
+    def positions(self) -> list[str]:
+        return ["embed"] + [p for i in range(1, self.blocks + 1) for p in (f"attn_{i}", f"mlp_{i}")]
+
+    def check(self) -> None:
+        at_least(self, 1, "blocks", "width", "heads", "mlp_width")
+        need(self.width % self.heads == 0, "width", self.width,
+             f"must be a multiple of heads ({self.heads})")
+        one_of("activation", self.activation, ACTIVATIONS)
+        one_of("norm", self.norm, NORMS)
+
+
+def input_kind(shape: tuple[int, ...]) -> str:
+    """vectors (F,), sequences (T, F) or images (H, W, C): what one example is."""
+    return {1: VECTORS, 2: SEQUENCES, 3: IMAGES}.get(len(shape), f"rank-{len(shape)} arrays")
+
+
+def check_model_takes(model: Any, dataset_name: str, shape: tuple[int, ...]) -> None:
+    """Raise ConfigError unless the model (its schema, or its config node) takes examples of
+    `shape`."""
+    if isinstance(model, DictConfig):
+        model = OmegaConf.to_object(model)
+    kind = input_kind(shape)
+    if kind not in model.INPUTS:
+        raise ConfigError(f"model={model.name}: needs {model.NEEDS}; "
+                          f"dataset={dataset_name} gives {kind} {tuple(shape)}")

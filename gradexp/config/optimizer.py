@@ -1,0 +1,47 @@
+"""The `optimizer` group's schemas (conf/optimizer/): each optimizer's keys and checks. The
+factories are in gradexp/optimizers.py, registered under the same names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from omegaconf import MISSING
+
+from gradexp.config.base import Choice, Registry, finite, need
+
+
+@dataclass
+class OptimizerConfig(Choice):
+    OPTIONS: ClassVar[Registry] = Registry("optimizer", "schema", "gradexp/config/optimizer.py")
+
+
+@dataclass
+class SGDConfig(OptimizerConfig):
+    name: str = "sgd"
+    learning_rate: float = MISSING
+    momentum: float = MISSING
+    nesterov: bool = MISSING
+
+    def check(self) -> None:
+        check_learning_rate(self.learning_rate)
+        need(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
+
+
+@dataclass
+class AdamConfig(OptimizerConfig):
+    name: str = "adam"
+    learning_rate: float = MISSING
+    beta_1: float = MISSING
+    beta_2: float = MISSING
+    epsilon: float = MISSING
+
+    def check(self) -> None:
+        check_learning_rate(self.learning_rate)
+        for key in ("beta_1", "beta_2"):
+            need(0 <= getattr(self, key) < 1, key, getattr(self, key), "must be in [0, 1)")
+        need(self.epsilon > 0, "epsilon", self.epsilon, "must be a positive number")
+
+
+def check_learning_rate(value: float) -> None:
+    need(finite(value) and value > 0, "learning_rate", value, "must be a positive number")

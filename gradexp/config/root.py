@@ -1,0 +1,84 @@
+"""The composed config as a whole: its root schema `Config` and `validate`, which checks a
+composed config's values, choices and combinations (Hydra has checked keys and types).
+
+The groups' options live in their own modules (model, dataset, optimizer, clipping; layer and
+trainer are plain nodes); gradexp/config/hydra_glue.py puts all of it in Hydra's ConfigStore.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from gradexp.config.base import ConfigError, finite, need, one_of, schema_keys, show
+from gradexp.config.layer import LayerConfig, clip_bounds, positions
+from gradexp.config.model import check_model_takes
+from gradexp.config.trainer import TrainerConfig
+
+DEVICES = ("auto", "cpu", "gpu")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+STRATEGIES = ("none", "mirrored")
+CHECKED = ("model", "dataset", "optimizer", "clipping", "layer", "trainer")  # nodes with a `check`
+
+
+@dataclass
+class Config:
+    model: Any = MISSING
+    dataset: Any = MISSING
+    optimizer: Any = MISSING
+    clipping: Any = MISSING
+    layer: LayerConfig = field(default_factory=LayerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    clip: float | None = MISSING
+    seed: int = MISSING
+    device: str = MISSING
+    precision: str = MISSING
+    strategy: str = MISSING
+    deterministic: bool = MISSING
+    resume: str | None = MISSING
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError (one line naming the key) for the first bad value in `cfg`."""
+    _unknown_keys(cfg)
+    need(cfg.clip is None or (finite(cfg.clip) and cfg.clip > 0), "clip", cfg.clip,
+         "must be a positive number or null (null: no clipping)")
+    # keras.utils.set_random_seed passes it to NumPy, which takes [0, 2**32 - 1] only
+    need(0 <= cfg.seed <= 2**32 - 1, "seed", cfg.seed, "must be an integer in [0, 2**32 - 1]")
+    one_of("device", cfg.device, DEVICES)
+    one_of("precision", cfg.precision, PRECISIONS)
+    one_of("strategy", cfg.strategy, STRATEGIES)
+    if cfg.strategy == "mirrored" and cfg.trainer.on_divergence == "continue":
+        raise ConfigError("trainer.on_divergence=continue, strategy=mirrored: skipping "
+                          "non-finite updates works on one device only; use one of them")
+    for group in CHECKED:
+        try:
+            OmegaConf.to_object(cfg[group]).check()
+        except ConfigError as exc:
+            raise ConfigError(f"{group}.{exc}") from None
+    dataset = OmegaConf.to_object(cfg.dataset)
+    check_model_takes(OmegaConf.to_object(cfg.model), dataset.name, dataset.input_shape())
+    low, high = clip_bounds(cfg)
+    if low is not None and high is not None and low > high:
+        raise ConfigError(f"layer.clip_min={show(low)}, layer.clip_max={show(high)}: "
+                          "clip_min must not exceed clip_max")
+    positions(cfg)
+
+
+def _unknown_keys(node: DictConfig, prefix: str = "") -> None:
+    """`+key=value` slips past Hydra's struct check: refuse keys no schema declares."""
+    schema = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(schema):
+        allowed = schema_keys(schema)
+        for key in node:
+            if key not in allowed and not (prefix == "" and key == "hydra"):
+                raise ConfigError(f"{prefix}{key}: no such key; allowed: {', '.join(allowed)}")
+    for key in node:
+        child = node._get_node(key)
+        if key == "hydra" or not isinstance(child, DictConfig):
+            continue
+        if not child._is_missing() and not child._is_none():
+            _unknown_keys(child, f"{prefix}{key}.")

@@ -1,0 +1,38 @@
+"""The `trainer` node (conf/config.yaml): how long and how a run trains, logs, evaluates and
+checkpoints, and what it does when the loss diverges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
+from gradexp.config.base import at_least, need, one_of
+
+LOSS_REDUCTIONS = ("sum", "mean")
+ON_DIVERGENCE = ("stop", "continue")
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = MISSING
+    batch_size: int = MISSING
+    log_every: int = MISSING  # fetch measurements, write table and TensorBoard, print progress
+    eval_every: int = MISSING
+    histogram_every: int = MISSING  # gradient histograms in TensorBoard; 0: never
+    loss_reduction: str = MISSING  # sum: dy is in per-example units whatever the batch size
+    divergence_factor: float = MISSING  # loss above this × the first loss: diverged
+    jit_compile: bool = MISSING  # XLA-compile the step
+    checkpoint_every: int = MISSING  # 0: only when the run stops
+    on_divergence: str = MISSING  # stop | continue (skipping non-finite updates)
+
+    def check(self) -> None:
+        at_least(self, 1, "steps", "batch_size", "log_every", "eval_every")
+        need(self.histogram_every >= 0, "histogram_every", self.histogram_every,
+             "must be an integer >= 0 (0: no histograms)")
+        one_of("loss_reduction", self.loss_reduction, LOSS_REDUCTIONS)
+        need(self.divergence_factor > 1, "divergence_factor", self.divergence_factor,
+             "must be a number > 1")
+        need(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every,
+             "must be an integer >= 0 (0: only when the run stops)")
+        one_of("on_divergence", self.on_divergence, ON_DIVERGENCE)
