@@ -15,6 +15,7 @@ import contextlib
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,25 +37,17 @@ class Arrays:
     x_val: np.ndarray
     y_val: np.ndarray
     num_classes: int | None  # None: regression
+    stream: Callable[[int, int, int], tuple[np.ndarray, np.ndarray]] | None = None
+    # stream(seed, step, n): the n fresh training examples of `step` (no x_train then)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
+        return tuple(self.x_val.shape[1:])
 
     @property
     def num_outputs(self) -> int:
         """Logits per class, or one predicted value for regression."""
         return 1 if self.num_classes is None else self.num_classes
-
-
-@loader("synthetic")
-def synthetic(d: DictConfig) -> tuple[np.ndarray, np.ndarray, int]:
-    """Gaussian clusters: mean_c ~ N(0, separation²·I), x = mean_y + N(0, I), y uniform."""
-    rng = np.random.default_rng(d.seed)
-    means = rng.normal(0.0, d.separation, (d.num_classes, d.num_features))
-    y = rng.integers(0, d.num_classes, d.num_examples)
-    x = means[y] + rng.normal(0.0, 1.0, (d.num_examples, d.num_features))
-    return x.astype(np.float32), y.astype(np.int32), d.num_classes
 
 
 @loader("digits")
@@ -67,57 +60,113 @@ def digits(d: DictConfig) -> tuple[np.ndarray, np.ndarray, int]:
     return x, bunch.target.astype(np.int32), 10
 
 
-@loader("adding")
-def adding(d: DictConfig) -> tuple[np.ndarray, np.ndarray, None]:
-    """The adding problem, a regression over a long sequence (T = `length` steps):
+# ------------------------------------------------------------------- generated, can stream
+# A generated dataset is a sampler: `sampler(d)` draws the task's fixed parts (cluster means, a
+# teacher network) and its fixed set of `num_examples` from `d.seed`, and returns
+# `sample(rng, n) -> (x, y)` with that fixed set. With `dataset.stream` the training batches
+# are drawn fresh at every step (`stream_batches`) and the whole fixed set is held out.
+Sample = Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]]
+Sampler = tuple[Sample, tuple[np.ndarray, np.ndarray]]  # sample, the fixed set
+SAMPLERS = Registry("dataset", "sampler", "gradexp/data.py")  # the datasets that can stream
+sampler = SAMPLERS.add
 
-        x[t] = (v_t, m_t),  v_t ~ U[0, 1],  m_t = 1 at t = i and t = j, else 0,
-        i ~ U{0, ..., T//2 - 1},  j ~ U{T//2, ..., T - 1}    (one marker in each half)
-        y = v_i + v_j
 
-    The form of Le, Jaitly & Hinton (2015) and Arjovsky et al. (2016). Predicting the mean, 1,
-    scores MSE = Var(v_i + v_j) = 2/12 ≈ 0.167: the level a model must get below. The
-    original (Hochreiter & Schmidhuber 1997, experiment 4) differs: v ~ U[-1, 1], lengths vary
-    in [T, T + T/10], the first marker is among the first ten steps and the second among the
-    first T/2 - 1, m = -1 at the first and last step, and the target is 0.5 + (X1 + X2)/4.
-    """
+@sampler("synthetic")
+def synthetic_sampler(d: DictConfig) -> Sampler:
+    """Gaussian clusters: mean_c ~ N(0, separation²·I), x = mean_y + N(0, I), y uniform."""
     rng = np.random.default_rng(d.seed)
-    n, length, half = d.num_examples, d.length, d.length // 2
-    values = rng.uniform(0.0, 1.0, (n, length))
-    rows = np.arange(n)
-    first, second = rng.integers(0, half, n), rng.integers(half, length, n)
-    markers = np.zeros((n, length))
-    markers[rows, first] = markers[rows, second] = 1.0
-    x = np.stack([values, markers], axis=-1)
-    y = values[rows, first] + values[rows, second]
-    return x.astype(np.float32), y.astype(np.float32), None
+    means = rng.normal(0.0, d.separation, (d.num_classes, d.num_features))
+
+    def sample(r: np.random.Generator, n: int):
+        y = r.integers(0, d.num_classes, n)
+        x = means[y] + r.normal(0.0, 1.0, (n, d.num_features))
+        return x.astype(np.float32), y.astype(np.int32)
+
+    return sample, sample(rng, d.num_examples)
 
 
-@loader("teacher")
-def teacher(d: DictConfig) -> tuple[np.ndarray, np.ndarray, None]:
+@sampler("adding")
+def adding_sampler(d: DictConfig) -> Sampler:
+    """The adding problem, a regression over a long sequence (T = `length` steps),
+    x[t] = (v_t, m_t) with m_t = 1 at the two marked steps i and j, else 0:
+
+    le2015 (Le, Jaitly & Hinton 2015; Arjovsky et al. 2016):
+        v_t ~ U[0, 1],  i ~ U{0, …, T//2 − 1},  j ~ U{T//2, …, T − 1},  y = v_i + v_j
+        Predicting the mean, 1, scores MSE = Var(v_i + v_j) = 2/12 ≈ 0.167.
+    pascanu2013 (Pascanu, Mikolov & Bengio 2013, after Hochreiter & Schmidhuber 1997):
+        v_t ~ U[−1, 1],  i ~ U{0, …, T//10 − 1},  j ~ U{T//10, …, T//2 − 1},  y = (v_i + v_j) / 2
+        Predicting 0 scores MSE = Var(v)/2 = 1/6; a sequence is misclassified when its squared
+        error exceeds 0.04. The paper's lengths vary in [T, 1.1·T); here T is fixed.
+    """
+    pascanu = d.variant == "pascanu2013"
+    low, (first_end, second_end) = (-1.0, (d.length // 10, d.length // 2)) if pascanu else (
+        0.0, (d.length // 2, d.length))
+
+    def sample(r: np.random.Generator, n: int):
+        values = r.uniform(low, 1.0, (n, d.length))
+        rows = np.arange(n)
+        first, second = r.integers(0, first_end, n), r.integers(first_end, second_end, n)
+        markers = np.zeros((n, d.length))
+        markers[rows, first] = markers[rows, second] = 1.0
+        x = np.stack([values, markers], axis=-1)
+        y = values[rows, first] + values[rows, second]
+        return x.astype(np.float32), (y / 2 if pascanu else y).astype(np.float32)
+
+    return sample, sample(np.random.default_rng(d.seed), d.num_examples)
+
+
+@sampler("teacher")
+def teacher_sampler(d: DictConfig) -> Sampler:
     """Teacher-student regression, a task for deep MLPs (F = `num_features`, L = `depth`):
 
         x ~ N(0, I_F),  h_0 = x,  h_l = tanh(W_l h_{l-1}),  W_l ~ N(0, gain² / fan_in)  (l ≤ L)
         f(x) = w · h_L,  w ~ N(0, 1 / width)
-        y = (f(x) - mean f) / std f + noise · N(0, 1)
+        y = (f(x) − mean f) / std f + noise · N(0, 1)   (mean and std over the fixed set)
 
     With gain > 1 the teacher is in tanh's chaotic regime (Poole et al. 2016): f is a rough
     function that a deep student needs many layers to fit. The targets have unit variance, so
     the score to beat is MSE ≈ 1 + noise². Gradients explode in the student, not here: the
-    squared error's dy = 2(ŷ - y) is unbounded (unlike cross-entropy's), and a deep student with
+    squared error's dy = 2(ŷ − y) is unbounded (unlike cross-entropy's), and a deep student with
     large initial weights amplifies it layer by layer. Measured (seeds 0 and 1, 300 steps):
     model.depth=16 model.width=64 model.activation=tanh model.initializer=he_normal diverges
     by step 20 unclipped and reaches validation MSE ≈ 0.5 with clip=0.1.
     """
     rng = np.random.default_rng(d.seed)
-    x = rng.normal(0.0, 1.0, (d.num_examples, d.num_features))
-    h = x
+    x_fixed = rng.normal(0.0, 1.0, (d.num_examples, d.num_features))  # drawn before the weights
+    weights, fan_in = [], d.num_features
     for _ in range(d.depth):
-        w = rng.normal(0.0, d.gain / np.sqrt(h.shape[1]), (h.shape[1], d.width))
-        h = np.tanh(h @ w)
-    f = h @ rng.normal(0.0, 1.0 / np.sqrt(d.width), d.width)
-    y = (f - f.mean()) / f.std() + d.noise * rng.normal(0.0, 1.0, d.num_examples)
-    return x.astype(np.float32), y.astype(np.float32), None
+        weights.append(rng.normal(0.0, d.gain / np.sqrt(fan_in), (fan_in, d.width)))
+        fan_in = d.width
+    readout = rng.normal(0.0, 1.0 / np.sqrt(d.width), d.width)
+
+    def f(x):
+        for w in weights:
+            x = np.tanh(x @ w)
+        return x @ readout
+
+    f_fixed = f(x_fixed)
+    mean, std = f_fixed.mean(), f_fixed.std()
+
+    def target(fx, r: np.random.Generator):
+        return ((fx - mean) / std + d.noise * r.normal(0.0, 1.0, len(fx))).astype(np.float32)
+
+    def sample(r: np.random.Generator, n: int):
+        x = r.normal(0.0, 1.0, (n, d.num_features))
+        return x.astype(np.float32), target(f(x), r)
+
+    return sample, (x_fixed.astype(np.float32), target(f_fixed, rng))
+
+
+@loader("synthetic")
+@loader("adding")
+@loader("teacher")
+def generated(d: DictConfig) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """The fixed set of a generated dataset: `num_examples` drawn from `dataset.seed`."""
+    _, (x, y) = SAMPLERS[d.name](d)
+    return x, y, d.get("num_classes")
+
+
+synthetic = adding = teacher = generated  # each generated dataset's loader, by its name
 
 
 # ---------------------------------------------------------------------------- keras.datasets
@@ -201,7 +250,17 @@ def keras_download_name(fname: str, extract: bool) -> str:
 
 
 def load(d: DictConfig) -> Arrays:
-    """The dataset of `cfg.dataset`, split into training and validation by `d.seed`."""
+    """The dataset of `cfg.dataset`, split into training and validation by `d.seed`; with
+    `d.stream`, all of it held out and the training examples drawn fresh at every step from
+    numpy's generator seeded by (run seed, dataset seed, step): a function of those alone, so a
+    resumed run draws exactly the examples an uninterrupted one would."""
+    if d.get("stream"):
+        sample, (x, y) = SAMPLERS[d.name](d)
+
+        def stream(seed: int, step: int, n: int):
+            return sample(np.random.default_rng([seed, d.seed, step]), n)
+
+        return Arrays(x[:0], y[:0], x, y, d.get("num_classes"), stream)
     x, y, num_classes = LOADERS[d.name](d)
     order = np.random.default_rng(d.seed).permutation(len(x))
     n_val = max(1, int(round(len(x) * d.val_fraction)))
@@ -218,6 +277,8 @@ def pipelines(a: Arrays, batch_size: int, seed: int,
     a function of (seed, position) alone, so a resumed run starts at the batch of `start_step`
     directly — no iterator state to save, and the same batches as an uninterrupted run.
     """
+    if a.stream is not None:
+        return stream_batches(a, batch_size, seed, start_step), validation_batches(a, batch_size)
     n = len(a.x_train)
     if batch_size > n:
         raise ConfigError(f"trainer.batch_size={batch_size}: larger than the "
@@ -235,8 +296,27 @@ def pipelines(a: Arrays, batch_size: int, seed: int,
              .batch(batch_size, drop_remainder=True)
              .map(lambda i: (tf.gather(x_train, i), tf.gather(y_train, i)))
              .prefetch(tf.data.AUTOTUNE))
-    val = (tf.data.Dataset.from_tensor_slices((a.x_val, a.y_val))
-           .batch(batch_size)
-           .cache()
-           .prefetch(tf.data.AUTOTUNE))
-    return train, val
+    return train, validation_batches(a, batch_size)
+
+
+def stream_batches(a: Arrays, batch_size: int, seed: int, start_step: int) -> tf.data.Dataset:
+    """Endless fresh batches: the batch of step t + 1 is `a.stream(seed, t, batch_size)`."""
+    x_spec = tf.TensorSpec((batch_size, *a.x_val.shape[1:]), tf.as_dtype(a.x_val.dtype))
+    y_spec = tf.TensorSpec((batch_size, *a.y_val.shape[1:]), tf.as_dtype(a.y_val.dtype))
+
+    def batch(step):
+        x, y = tf.numpy_function(lambda t: a.stream(seed, int(t), batch_size), [step],
+                                 (x_spec.dtype, y_spec.dtype), stateful=False)
+        return tf.ensure_shape(x, x_spec.shape), tf.ensure_shape(y, y_spec.shape)
+
+    return (tf.data.Dataset.range(start_step, 2**62)
+            .map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            .prefetch(tf.data.AUTOTUNE))
+
+
+def validation_batches(a: Arrays, batch_size: int) -> tf.data.Dataset:
+    """One pass over the held-out examples, in order."""
+    return (tf.data.Dataset.from_tensor_slices((a.x_val, a.y_val))
+            .batch(batch_size)
+            .cache()
+            .prefetch(tf.data.AUTOTUNE))

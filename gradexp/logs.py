@@ -23,6 +23,8 @@ import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
+from gradexp.rundir import METRICS
+
 VAL_COLUMNS = ("loss/val", "accuracy/val")
 SCALAR = scalar_metadata.create_summary_metadata(display_name=None, description=None)
 
@@ -206,16 +208,19 @@ class EventWriter:
 class RunLog:
     """The writers of one run directory. `names` are the per-step measurements, in row order."""
 
-    def __init__(self, run_dir: Path, names: list[str], cfg: DictConfig, start_step: int = 0):
+    def __init__(self, run_dir: Path, names: list[str], cfg: DictConfig, start_step: int = 0,
+                 val_names: tuple[str, ...] = VAL_COLUMNS):
         """A new run (start_step 0), or one resumed after `start_step`: its table keeps the
         rows up to that step and grows from there; TensorBoard is told to drop later points."""
         from tensorboard.plugins.hparams import summary_v2 as hp
 
         self.run_dir, self.names = run_dir, list(names)
-        header = ["step", *self.names, *VAL_COLUMNS]
-        self._past_rows = keep_rows(run_dir / "metrics.csv", header, start_step)
-        self._table_file = open(run_dir / "metrics.csv", "a" if start_step else "w", newline="")
-        self._row_format = ",".join(["%d"] + ["%.9g"] * len(self.names)) + ",%s,%s\n"
+        self.val_names = tuple(val_names)
+        header = ["step", *self.names, *self.val_names]
+        self._past_rows = keep_rows(run_dir / METRICS, header, start_step)
+        self._table_file = open(run_dir / METRICS, "a" if start_step else "w", newline="")
+        self._row_format = ",".join(["%d"] + ["%.9g"] * len(self.names)
+                                    + ["%s"] * len(self.val_names)) + "\n"
         self.events = EventWriter(run_dir)
         if start_step:
             self.events.write(purge_event(start_step))
@@ -226,9 +231,10 @@ class RunLog:
 
     def past_values(self, name: str) -> list[np.float32]:
         """A resumed run's measurement `name` at steps 1..start_step, as the float32 numbers
-        the table was written from (so a resumed run's figures are an uninterrupted run's)."""
-        column = 1 + self.names.index(name)
-        return [np.float32(row[column]) for row in self._past_rows]
+        the table was written from (so a resumed run's figures are an uninterrupted run's);
+        NaN where a validation column is blank (steps without an evaluation)."""
+        column = ["step", *self.names, *self.val_names].index(name)
+        return [np.float32(row[column] or "nan") for row in self._past_rows]
 
     def steps(self, steps: np.ndarray, rows: np.ndarray, val: dict[str, float] | None) -> None:
         """Record measured steps (`rows[i]` belongs to `steps[i]`); `val` to the last of them.
@@ -239,12 +245,13 @@ class RunLog:
             return
         listed = rows.tolist()
         self.events.rows(steps, self.names, listed)
-        lines = [self._row_format % (step, *row, "", "")
+        blank = [""] * len(self.val_names)
+        lines = [self._row_format % (step, *row, *blank)
                  for step, row in zip(steps.tolist(), listed, strict=True)]
         if val is not None:
             self.events.scalars(int(steps[-1]), val)
             lines[-1] = self._row_format % (int(steps[-1]), *listed[-1],
-                                            *(f"{val[c]:.9g}" for c in VAL_COLUMNS))
+                                            *(f"{val[c]:.9g}" for c in self.val_names))
         self._table_file.write("".join(lines))
         self._table_file.flush()
         self.events.flush()

@@ -24,13 +24,15 @@ from gradexp.measures import diverged
 class CompiledStep:
     """What a run trains with. `train_steps(iterator, n)`: up to n steps in one call, one row
     of `names` per step (it stops after a step that diverged when the run stops there);
-    `evaluate(val_batches)`: {"loss/val", "accuracy/val"} over one pass of a dataset;
+    `evaluate(val_batches)`: {name: value for name in `val_names`} over one pass of a dataset
+    (loss/val, accuracy/val, and error_rate/val where the dataset has an error threshold);
     `gradients(x, y)`: {"gradients/<variable path>": gradient}, for histograms."""
 
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
     clipper: clipping.Clipper
     names: tuple[str, ...]
+    val_names: tuple[str, ...]
     train_steps: Callable[[Any, tf.Tensor], tf.Tensor]
     evaluate: Callable[[tf.data.Dataset], dict[str, tf.Tensor]]
     gradients: Callable[[tf.Tensor, tf.Tensor], dict[str, tf.Tensor]]
@@ -58,6 +60,8 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
     names = metric_names([layer.name.removeprefix("clip_") for layer in layers],
                          loss_scaling=loss_scale is not None)
     per_example_loss = task_loss(arrays.num_classes)
+    error_threshold = cfg.dataset.get("error_threshold")  # regression: squared error above it
+    val_names = ("loss/val", "accuracy/val", *(("error_rate/val",) if error_threshold else ()))
     stop_at_divergence = t.on_divergence == "stop"
     skip_non_finite = not stop_at_divergence and loss_scale is None  # the LSO skips by itself
     loss_weight = 1.0 if t.loss_reduction == "sum" else 1.0 / t.batch_size  # global batch
@@ -119,16 +123,22 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
 
     @tf.function
     def evaluate(val_batches):
-        loss_sum, correct, count = 0.0, 0.0, 0.0
+        """Mean loss, accuracy (classes) and error rate = #{squared error > threshold} / n."""
+        loss_sum, correct, errors, count = 0.0, 0.0, 0.0, 0.0
         for x, y in val_batches:
             outputs = model(x, training=False)
-            loss_sum += tf.reduce_sum(per_example_loss(y, outputs))
+            losses = per_example_loss(y, outputs)
+            loss_sum += tf.reduce_sum(losses)
             if arrays.num_classes is not None:
                 predicted = tf.argmax(outputs, axis=-1, output_type=tf.int32)
                 correct += tf.reduce_sum(tf.cast(predicted == y, tf.float32))
+            if error_threshold:
+                errors += tf.reduce_sum(tf.cast(losses > error_threshold, tf.float32))
             count += tf.cast(tf.shape(y)[0], tf.float32)
         accuracy = correct / count if arrays.num_classes is not None else float("nan")
-        return {"loss/val": loss_sum / count, "accuracy/val": accuracy}
+        measured = {"loss/val": loss_sum / count, "accuracy/val": accuracy,
+                    "error_rate/val": errors / count}
+        return {name: measured[name] for name in val_names}
 
     @tf.function
     def gradients(x, y):  # for histograms only: the step itself stays lean
@@ -137,7 +147,8 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
         grads = tape.gradient(loss, params)
         return {f"gradients/{v.path}": g for v, g in zip(params, grads, strict=True)}
 
-    return CompiledStep(model, optimizer, clipper, tuple(names), train_steps, evaluate, gradients)
+    return CompiledStep(model, optimizer, clipper, tuple(names), val_names, train_steps, evaluate,
+                        gradients)
 
 
 def task_loss(num_classes: int | None):

@@ -25,7 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from gradexp import config, rundir
-from gradexp.measures import divergence_step, final_loss
+from gradexp.measures import divergence_step, final_loss, succeeded, success_step
 from gradexp.rundir import write_json
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -95,7 +95,8 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     step = state.restore() if resume else 0
     train_batches, val_batches = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed,
                                                 start_step=step)
-    runlog = RunLog(run_dir, list(compiled.names), cfg, start_step=step)
+    runlog = RunLog(run_dir, list(compiled.names), cfg, start_step=step,
+                    val_names=compiled.val_names)
     log.info("%s %s on %s (%d steps, %s) -> %s", f"resuming at step {step}:" if step else
              "training", cfg.model.name, cfg.dataset.name, cfg.trainer.steps, where, run_dir)
     result = loop(cfg.trainer, compiled, strategy, train_batches, val_batches, runlog, state,
@@ -119,6 +120,7 @@ class LoopResult:
 
     step: int
     losses: list
+    error_rates: list | None  # per step, NaN but at evaluations; None: not measured
     val: dict[str, float] | None
     diverged_step: int | None
     stopped_by: int | None
@@ -140,6 +142,8 @@ def loop(t: DictConfig, compiled, strategy, train_batches, val_batches, runlog, 
     if t.histogram_every:
         compiled.gradients(*next(iter(train_batches)))  # the first call also optimizes the graph
     losses = runlog.past_values("loss/train")
+    measures_errors = "error_rate/val" in compiled.val_names
+    error_rates = runlog.past_values("error_rate/val") if measures_errors else None
     val, diverged_step = None, None
     # steps/s: from the end of the first call (which traces and compiles) to the end of the
     # loop, so that it counts the logging, evaluation and checkpoints of those steps
@@ -162,6 +166,9 @@ def loop(t: DictConfig, compiled, strategy, train_batches, val_batches, runlog, 
             val = None
             if step % t.eval_every == 0 or step == t.steps:
                 val = {k: float(v) for k, v in compiled.evaluate(val_batches).items()}
+            if measures_errors:
+                error_rates.extend([np.nan] * len(rows))
+                error_rates[-1] = val["error_rate/val"] if val else np.nan
             runlog.steps(steps, rows, val)
             if t.histogram_every and step % t.histogram_every == 0:
                 runlog.histograms(step, compiled.gradients(*next(histogram_batches)))
@@ -169,7 +176,7 @@ def loop(t: DictConfig, compiled, strategy, train_batches, val_batches, runlog, 
                 state.save(step)
             log.info(progress(step, t.steps, rows, names, val, len(rows) / seconds))
     timed = (step - first_step, time.perf_counter() - timed_from) if timed_from else (0, 0.0)
-    return LoopResult(step, losses, val, diverged_step, stop.signal, timed)
+    return LoopResult(step, losses, error_rates, val, diverged_step, stop.signal, timed)
 
 
 def run_summary(r: LoopResult, cfg: DictConfig, overrides, where: str, wall: float) -> dict:
@@ -187,6 +194,11 @@ def run_summary(r: LoopResult, cfg: DictConfig, overrides, where: str, wall: flo
                "steps_per_s": r.timed[0] / r.timed[1] if r.timed[0] else None,
                "device": where, "config": OmegaConf.to_container(cfg),
                "overrides": list(overrides)}
+    if r.error_rates is not None:  # Pascanu et al.'s criterion: see gradexp.measures
+        below = cfg.dataset.success_below
+        summary["success"] = succeeded(r.error_rates, below, r.diverged_step is not None)
+        found = success_step(np.arange(1, len(r.error_rates) + 1), r.error_rates, below)
+        summary["success_step"] = None if np.isnan(found) else int(found)
     if r.stopped_by is not None:
         summary["stopped_by"] = signal.Signals(r.stopped_by).name
     return summary
@@ -220,11 +232,16 @@ def first_diverged_step(steps, rows, names, first_loss, factor) -> int | None:
 
 
 def progress(step, steps, rows, names, val, rate) -> str:
-    """One line: step, mean loss of the last steps, validation accuracy, clip fraction, speed."""
+    """One line: step, mean loss of the last steps, validation accuracy (regression: loss) and
+    error rate, clip fraction, speed."""
     parts = [f"step {step:>{len(str(steps))}}/{steps}",
              f"loss {np.mean(rows[:, names.index('loss/train')]):.4f}"]
-    if val:
+    if val and np.isfinite(val["accuracy/val"]):
         parts.append(f"val_acc {val['accuracy/val']:.3f}")
+    elif val:
+        parts.append(f"val_loss {val['loss/val']:.4f}")
+    if val and "error_rate/val" in val:
+        parts.append(f"val_errors {100 * val['error_rate/val']:.1f}%")
     fractions = [i for i, n in enumerate(names) if n.startswith("clip_fraction/")]
     if fractions:
         parts.append(f"clipped {100 * np.mean(rows[:, fractions]):.1f}%")

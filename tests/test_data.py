@@ -177,3 +177,51 @@ def test_default_cache_dir_is_keras_own(make_cfg):
     d = dataset(make_cfg, "mnist")
     assert d.cache_dir is None
     assert data.cache_dir(d) == Path(keras_home()).expanduser() / "datasets"
+
+
+# ---------------------------------------------------------------------------- streaming
+def test_pascanu_adding_problem_definition(make_cfg):
+    """Pascanu et al. (2013): v ~ U[-1, 1], the first marker in the first 10% of the steps, the
+    second in 10-50%, y = the mean of the two marked values."""
+    x, y, _ = data.adding(dataset(make_cfg, "adding", "dataset.num_examples=4000",
+                                  "dataset.variant=pascanu2013", "dataset.length=50"))
+    values, markers = x[..., 0], x[..., 1]
+    assert values.min() >= -1 and values.max() < 1 and values.min() < -0.99
+    assert (markers[:, :5].sum(axis=1) == 1).all()  # T/10 = 5
+    assert (markers[:, 5:25].sum(axis=1) == 1).all()  # 10-50%: steps 5..24
+    assert (markers[:, 25:].sum(axis=1) == 0).all()
+    np.testing.assert_allclose(y, (values * markers).sum(axis=1) / 2, rtol=1e-6, atol=1e-7)
+    # the mean of two U[-1, 1]: mean 0, variance 1/6 (the MSE of always predicting 0)
+    assert abs(y.mean()) < 0.02 and abs(y.var() - 1 / 6) < 0.02
+
+
+@pytest.mark.parametrize("name", ["adding", "teacher", "synthetic"])
+def test_streamed_examples_depend_only_on_the_seeds_and_the_step(make_cfg, name):
+    d = dataset(make_cfg, name, "dataset.num_examples=300", "dataset.stream=true")
+    a, b = data.load(d), data.load(d)
+    assert len(a.x_train) == 0 and len(a.x_val) == 300  # the whole fixed set is held out
+    fixed_x, fixed_y, _ = data.LOADERS[name](d)
+    np.testing.assert_array_equal(a.x_val, fixed_x)  # ... the same as without streaming
+    np.testing.assert_array_equal(a.y_val, fixed_y)
+    x1, y1 = a.stream(7, 12, 20)
+    x2, y2 = b.stream(7, 12, 20)  # another load, another process would agree
+    np.testing.assert_array_equal(x1, x2) and np.testing.assert_array_equal(y1, y2)
+    for other in (a.stream(7, 13, 20), a.stream(8, 12, 20)):  # another step, another run seed
+        assert not np.array_equal(x1, other[0])
+    other_data = data.load(dataset(make_cfg, name, "dataset.num_examples=300",
+                                   "dataset.stream=true", "dataset.seed=1"))
+    assert not np.array_equal(x1, other_data.stream(7, 12, 20)[0])  # another dataset seed
+    assert x1.shape == (20, *a.input_shape) and x1.dtype == np.float32
+
+
+def test_a_stream_resumed_at_a_step_draws_what_an_uninterrupted_one_would(make_cfg):
+    d = dataset(make_cfg, "adding", "dataset.num_examples=50", "dataset.length=10",
+                "dataset.stream=true")
+    a = data.load(d)
+    whole, _ = data.pipelines(a, batch_size=4, seed=3)
+    later, _ = data.pipelines(a, batch_size=4, seed=3, start_step=5)
+    batches = [x.numpy() for x, _ in whole.take(8)]
+    for k, (x, _) in enumerate(later.take(3)):
+        np.testing.assert_array_equal(x.numpy(), batches[5 + k])
+        np.testing.assert_array_equal(x.numpy(), a.stream(3, 5 + k, 4)[0])
+    assert not np.array_equal(batches[0], batches[1])  # fresh examples at every step

@@ -106,6 +106,27 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run(tmp_path, u
     assert summary_of(run_dir)["final_loss"] == summary_of(uninterrupted)["final_loss"]
 
 
+def test_a_resumed_streaming_run_equals_an_uninterrupted_one(tmp_path):
+    """With fresh examples every step, the examples after a resume are drawn from (seed,
+    dataset seed, step) as they would have been: the table is the same byte for byte."""
+    streaming = [*STEADY, "dataset.stream=true", "dataset.num_examples=500",
+                 "trainer.steps=800", "clipping=none"]
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    result = gradexp("gradexp.train", *streaming, cwd=whole)
+    assert result.returncode == 0, result.stderr
+    (uninterrupted_dir,) = (whole / "outputs").glob("*/*")
+    process = start(tmp_path, *streaming)
+    run_dir = wait_for_rows(tmp_path / "outputs", 150, process)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=120)
+    assert 150 <= summary_of(run_dir)["steps"] < 800
+    resumed = gradexp("gradexp.train", f"resume={run_dir}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    table = (run_dir / "metrics.csv").read_bytes()
+    assert table == (uninterrupted_dir / "metrics.csv").read_bytes()
+
+
 def test_a_resumed_run_reads_back_the_float32_numbers_it_wrote(tmp_path):
     """The table's nine digits parse, as float64, to numbers off in the ninth digit (0.1f is
     0.100000001490116…, its nine digits 0.100000001); a resumed run's final loss counts the steps

@@ -110,3 +110,49 @@ def test_unclipped_run_has_equal_pre_and_post_norms(make_cfg, tmp_path):
         assert (table[f"clip_fraction/{p}"] == 0).all()
     assert table["accuracy/val"].notna().sum() == 2
     assert table["loss/train"].iloc[-1] < table["loss/train"].iloc[0]  # it learns
+
+
+def test_success_criterion_of_pascanu_et_al():
+    """measures.success_step / succeeded against hand-computed cases: the first evaluation
+    whose error rate is below the bound, judged again at the final evaluation."""
+    from gradexp.measures import succeeded, success_step
+
+    nan = float("nan")
+    steps = [1, 2, 3, 4, 5, 6]
+    rates = [nan, 0.5, nan, 0.009, nan, 0.02]  # below 0.01 at step 4, not at the end
+    assert success_step(steps, rates, 0.01) == 4
+    assert succeeded(rates, 0.01, diverged_=False) is False  # judged at the final evaluation
+    assert succeeded(rates[:5], 0.01, diverged_=False) is True
+    assert succeeded(rates[:5], 0.01, diverged_=True) is False  # a diverged run failed
+    assert succeeded([0.01], 0.01, diverged_=False) is False  # fewer than 1%: strictly below
+    assert np.isnan(success_step(steps, [nan] * 6, 0.01))
+    assert succeeded([nan, nan], 0.01, diverged_=False) is False  # never evaluated
+
+
+def test_the_error_rate_counts_sequences_whose_squared_error_exceeds_the_threshold(
+        make_cfg, tmp_path):
+    """error_rate/val is #{(ŷ − y)² > 0.04} / n over the held-out set (checked against a count
+    from a model's own predictions); it fills the table at each evaluation, and success and
+    its step reach summary.json."""
+    from gradexp import data
+    from gradexp._tf import tf
+    from gradexp.step import compile_step
+
+    overrides = ["model=rnn", "model.units=8", "dataset=adding", "dataset.length=10",
+                 "dataset.variant=pascanu2013", "dataset.stream=true", "dataset.num_examples=300",
+                 "dataset.error_threshold=0.04", "trainer.steps=40", "trainer.eval_every=20",
+                 "trainer.log_every=20", "trainer.histogram_every=0", "trainer.batch_size=20"]
+    cfg = make_cfg(*overrides)
+    summary = train(cfg, tmp_path)
+    table = pd.read_csv(tmp_path / "metrics.csv")
+    rates = table["error_rate/val"].dropna()
+    assert list(rates.index + 1) == [20, 40] and ((rates > 0) & (rates <= 1)).all()
+    assert summary["success"] is False and summary["success_step"] is None  # 40 steps: no
+    # the same count from the model's predictions
+    arrays = data.load(cfg.dataset)
+    compiled = compile_step(cfg, arrays, tf.distribute.get_strategy())
+    _, val = data.pipelines(arrays, 20, cfg.seed)
+    predicted = compiled.model.predict(arrays.x_val, verbose=0)[:, 0]
+    expected = np.mean((predicted - arrays.y_val) ** 2 > 0.04)
+    assert float(compiled.evaluate(val)["error_rate/val"]) == pytest.approx(expected, abs=1e-6)
+    assert 0.0 < expected < 1.0

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from omegaconf import MISSING
 
-from gradexp.config.base import Choice, Registry, at_least, finite, need
+from gradexp.config.base import Choice, Registry, at_least, finite, need, one_of
 
 
 @dataclass
@@ -32,6 +32,7 @@ class SyntheticConfig(DatasetConfig):
     separation: float = MISSING
     val_fraction: float = MISSING
     seed: int = MISSING  # the data stay the same across run seeds; `seed` varies init and order
+    stream: bool = False  # fresh examples every step; all num_examples held out (see data.py)
 
     def input_shape(self) -> tuple[int, ...]:
         return (self.num_features,)
@@ -61,21 +62,38 @@ class DigitsConfig(DatasetConfig):
 
 @dataclass
 class AddingConfig(DatasetConfig):
-    """The adding problem: `length` steps of (value, marker), target = the sum of the two marked
-    values (regression). Definition in gradexp/data.py `adding`."""
+    """The adding problem: `length` steps of (value, marker), target from the two marked values
+    (regression). `variant`: le2015 (sum, values in [0, 1], a marker in each half) or
+    pascanu2013 (mean, values in [-1, 1], markers in the first 10% and in 10-50%). With
+    `error_threshold`, each evaluation logs `error_rate/val`, the share of held-out sequences
+    whose squared error exceeds it (Pascanu et al.: 0.04), and a run succeeds when that share
+    ends below `success_below` (0.01). Definitions in gradexp/data.py `adding`."""
 
     name: str = "adding"
     num_examples: int = MISSING
     length: int = MISSING
     val_fraction: float = MISSING
     seed: int = MISSING
+    stream: bool = False
+    variant: str = "le2015"
+    error_threshold: float | None = None
+    success_below: float = 0.01
+    VARIANTS: ClassVar[tuple[str, ...]] = ("le2015", "pascanu2013")
 
     def input_shape(self) -> tuple[int, ...]:
         return (self.length, 2)
 
     def check(self) -> None:
-        at_least(self, 2, "num_examples", "length")  # one marker in each half
+        one_of("variant", self.variant, self.VARIANTS)
+        # one marker in each half; pascanu2013: one in the first tenth, one in 10-50%
+        at_least(self, 2 if self.variant == "le2015" else 10, "length")
+        at_least(self, 2, "num_examples")
         check_val_fraction(self.val_fraction)
+        need(self.error_threshold is None or (finite(self.error_threshold)
+                                              and self.error_threshold > 0),
+             "error_threshold", self.error_threshold, "must be a positive number or null")
+        need(finite(self.success_below) and 0 < self.success_below <= 1, "success_below",
+             self.success_below, "must be a number in (0, 1]")
 
 
 @dataclass
@@ -92,6 +110,7 @@ class TeacherConfig(DatasetConfig):
     noise: float = MISSING
     val_fraction: float = MISSING
     seed: int = MISSING
+    stream: bool = False
 
     def input_shape(self) -> tuple[int, ...]:
         return (self.num_features,)

@@ -48,6 +48,8 @@ def validate(cfg: DictConfig) -> None:
          "must be a positive number or null (null: no clipping)")
     # keras.utils.set_random_seed passes it to NumPy, which takes [0, 2**32 - 1] only
     need(0 <= cfg.seed <= 2**32 - 1, "seed", cfg.seed, "must be an integer in [0, 2**32 - 1]")
+    need(0 <= cfg.dataset.seed <= 2**32 - 1, "dataset.seed", cfg.dataset.seed,
+         "must be an integer in [0, 2**32 - 1]")
     one_of("device", cfg.device, DEVICES)
     one_of("precision", cfg.precision, PRECISIONS)
     one_of("strategy", cfg.strategy, STRATEGIES)
