@@ -22,7 +22,14 @@ import pandas as pd
 from gradexp.analysis.compare import summarize
 from gradexp.analysis.groups import ONE_GROUP, group_values, grouping_keys
 from gradexp.analysis.metrics import Settings
-from gradexp.analysis.reports import comparison_note, group_table, markdown_report
+from gradexp.analysis.reports import (
+    MAX_STABLE_TITLE,
+    comparison_note,
+    group_table,
+    has_success,
+    markdown_report,
+    max_stable_table,
+)
 from gradexp.analysis.runs import load_runs
 
 DEFAULT_BASELINE = {"clip": "null", "clipping": "none"}
@@ -125,8 +132,12 @@ def _main(args: argparse.Namespace) -> int:
     keys = grouping_keys(runs)
     baseline = choose_baseline(args.baseline, group_values(runs, keys), keys)
     runs_table, tidy = summarize(runs, settings, baseline)
-    print(comparison_note(baseline, settings))
+    print(comparison_note(baseline, settings, has_success(tidy)))
     print(group_table(tidy, keys, baseline).to_markdown(index=False, tablefmt="simple"))
+    stable = max_stable_table(tidy, keys, baseline)
+    if stable is not None:
+        print(f"\n{MAX_STABLE_TITLE}:")
+        print(stable.to_markdown(index=False, tablefmt="simple"))
     out = args.out or root
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "summary.csv", out / "summary.md", out / "runs.csv"]

@@ -6,7 +6,8 @@ later one):
     metrics   the per-run metrics, one small function each (run_metrics, Settings)
     groups    grouping keys, each run's group values, group labels and their order
     stats     the 95% intervals and the sign test (scipy.stats)
-    compare   the per-run table, group counts, each group against its baseline (summarize)
+    compare   the per-run table, group counts, each group against its baseline (summarize),
+              the largest stable learning rate of a learning-rate sweep (max_stable_lr)
     reports   the printed table and summary.md
     plots     the PNGs (matplotlib, imported only there)
 

@@ -1,7 +1,8 @@
 """Each group of a sweep against its baseline: the per-run table (`per_run_table`: every run's
 metrics, its group values, the target loss of steps_to_target), the group counts, and per group
 and metric the mean and 95% interval over seeds and the paired comparison with the matching
-baseline group (`compare`); `summarize` puts them together into the tidy summary (summary.csv).
+baseline group (`compare`); `summarize` puts them together into the tidy summary (summary.csv),
+with `max_stable_lr` per setting of a learning-rate sweep.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pandas as pd
 
 from gradexp import rundir
 from gradexp.analysis.groups import (
+    LR_KEY,
     SEED_KEY,
     group_label,
     group_values,
@@ -21,8 +23,11 @@ from gradexp.analysis.groups import (
 )
 from gradexp.analysis.metrics import (
     DEFAULTS,
+    DIRECTIONS,
     METRICS,
+    RATES,
     RUN_EXTRAS,
+    SUCCESS_METRICS,
     Settings,
     run_metrics,
     steps_before_divergence,
@@ -37,6 +42,9 @@ SUMMARY_COLUMNS = ["metric", "better", "n", "mean", "std", "ci_low", "ci_high",
                    "baseline", "n_paired", "n_diff", "diff_mean", "diff_ci_low", "diff_ci_high",
                    "wins", "ties", "losses", "win_rate", "sign_p", *COUNTS, "divergence_rate",
                    "divergence_ci_low", "divergence_ci_high", "target_loss"]
+# and only where the sweep has them: a rate per 0/1 metric but `diverged`, max_stable_lr
+RATE_COLUMNS = {metric: [f"{name}_rate", f"{name}_ci_low", f"{name}_ci_high"]
+                for metric, (name, _) in RATES.items()}
 
 
 def _divergence_factor(run: Run) -> float:
@@ -53,11 +61,25 @@ def _reported_step(run: Run) -> float:
     return math.nan if step is None else float(step)
 
 
+def _success_below(run: Run) -> float:
+    """The run's `dataset.success_below` (NaN for a dataset without a success criterion)."""
+    below = (run.config.get("dataset") or {}).get("success_below")
+    return math.nan if below is None else float(below)
+
+
+def measured_metrics(runs_table: pd.DataFrame) -> list[str]:
+    """The metrics of a sweep: METRICS, and SUCCESS_METRICS when some run has a success (then
+    per_run_table gave them a column)."""
+    return [*METRICS, *SUCCESS_METRICS] if "success" in runs_table else list(METRICS)
+
+
 def per_run_table(runs: list[Run], keys: list[str], settings: Settings,
                   baseline: dict[str, str]) -> pd.DataFrame:
     """One row per run: directory, status, group values, seed, metrics (NaN for a failed run),
-    target loss. The target needs every run's final loss: steps_to_target comes second."""
-    rows = [run_metrics(run.metrics, settings, _divergence_factor(run), _reported_step(run))
+    target loss, and SUCCESS_METRICS if some run has a success. The target needs every run's
+    final loss: steps_to_target comes second."""
+    rows = [run_metrics(run.metrics, settings, _divergence_factor(run), _reported_step(run),
+                        success_below=_success_below(run))
             if run.metrics is not None else {} for run in runs]
     table = pd.concat([pd.DataFrame({"run": [r.name for r in runs],
                                      "status": [r.status for r in runs]}),
@@ -65,6 +87,9 @@ def per_run_table(runs: list[Run], keys: list[str], settings: Settings,
                        pd.DataFrame(rows, columns=[*METRICS, *RUN_EXTRAS])],
                       axis=1)
     table["target_loss"] = target_losses(table, keys, baseline, settings.target_loss)
+    success = pd.DataFrame(rows, columns=list(SUCCESS_METRICS))
+    if success["success"].notna().any():
+        table = pd.concat([table, success], axis=1)
     for i, run in enumerate(runs):
         if run.metrics is not None:
             part = steps_before_divergence(run.metrics, table.at[i, "diverged_step"])
@@ -102,10 +127,10 @@ def group_counts(runs_table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def compare(per_seed: pd.DataFrame, keys: list[str],
             baseline: dict[str, str]) -> pd.DataFrame:
-    """One row per (group, metric): n seeds, mean, std and 95% interval over seeds (for
-    `diverged`, Clopper–Pearson's); and against the matching baseline group (same values of the
+    """One row per (group, metric): n seeds, mean, std and 95% interval over seeds (for the 0/1
+    RATES, Clopper–Pearson's); and against the matching baseline group (same values of the
     other keys, every baseline key at its baseline value), over the seeds both groups have: the
-    paired differences d_s = group_s − baseline_s (mean; 95% t interval but for `diverged`),
+    paired differences d_s = group_s − baseline_s (mean; 95% t interval but for the RATES),
     wins, ties, losses, win rate = wins / paired seeds and the sign test of wins against losses,
     a win being a seed where the group is better (a missing value, e.g. target never reached,
     counts as worse than any value; equal values are ties)."""
@@ -113,10 +138,10 @@ def compare(per_seed: pd.DataFrame, keys: list[str],
     by = [*keys, "metric"]
     stats = long.groupby(by, sort=False)["value"].agg(n="count", mean="mean", std="std")
     stats["ci_low"], stats["ci_high"] = t_interval(stats["mean"], stats["std"], stats["n"])
-    rate = stats.index.get_level_values("metric") == "diverged"  # 0/1: no t interval
+    rate = stats.index.get_level_values("metric").isin(list(RATES))  # 0/1: no t interval
     stats.loc[rate, "ci_low"], stats.loc[rate, "ci_high"] = clopper_pearson(
         (stats["mean"] * stats["n"])[rate].round(9), stats["n"][rate])
-    stats.insert(0, "better", stats.index.get_level_values("metric").map(METRICS))
+    stats.insert(0, "better", stats.index.get_level_values("metric").map(DIRECTIONS))
     if not baseline:
         return stats.reset_index()
     columns = [*keys, SEED_KEY, "metric"]
@@ -137,8 +162,8 @@ def compare(per_seed: pd.DataFrame, keys: list[str],
     diff["diff_ci_low"], diff["diff_ci_high"] = t_interval(diff["diff_mean"], diff["diff_std"],
                                                            diff["n_diff"])
     metric = diff.index.get_level_values("metric")
-    diff.loc[metric == "diverged", ["diff_ci_low", "diff_ci_high"]] = np.nan
-    has_better = metric.map(METRICS).notna()
+    diff.loc[metric.isin(list(RATES)), ["diff_ci_low", "diff_ci_high"]] = np.nan
+    has_better = metric.map(DIRECTIONS).notna()
     diff["losses"] = diff["n_paired"] - diff["wins"] - diff["ties"]
     diff["win_rate"] = (diff["wins"] / diff["n_paired"]).where(has_better)
     diff["sign_p"] = sign_test(diff["wins"], diff["losses"])
@@ -149,7 +174,7 @@ def compare(per_seed: pd.DataFrame, keys: list[str],
 def _wins(paired: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Per paired seed: is the group better than its baseline, and is it a tie."""
     g, b = paired["value"].to_numpy(float), paired["baseline_value"].to_numpy(float)
-    sign = paired["metric"].map(METRICS).map({"lower": -1.0, "higher": 1.0}).to_numpy(float)
+    sign = paired["metric"].map(DIRECTIONS).map({"lower": -1.0, "higher": 1.0}).to_numpy(float)
     g_missing, b_missing = np.isnan(g), np.isnan(b)
     with np.errstate(invalid="ignore"):
         better = sign * (g - b) > 0
@@ -160,11 +185,13 @@ def _wins(paired: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 def summarize(runs: list[Run], settings: Settings = DEFAULTS,
               baseline: dict[str, str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Runs → (per-run table, tidy summary: one row per group × metric with the group's counts)."""
+    """Runs → (per-run table, tidy summary: one row per group × metric with the group's counts,
+    its rate and interval of each 0/1 metric, and `max_stable_lr` in a learning-rate sweep)."""
     keys, baseline = grouping_keys(runs), baseline or {}
     runs_table = per_run_table(runs, keys, settings, baseline)
+    metrics = measured_metrics(runs_table)
     measured = runs_table[runs_table["status"] != rundir.FAILED]  # runs sharing a seed: their mean
-    tidy = compare(measured.groupby([*keys, SEED_KEY], sort=False)[list(METRICS)].mean(), keys,
+    tidy = compare(measured.groupby([*keys, SEED_KEY], sort=False)[metrics].mean(), keys,
                    baseline)
     counts = group_counts(runs_table, keys)
     counts["target_loss"] = runs_table.groupby(keys, sort=False)["target_loss"].first()
@@ -173,16 +200,48 @@ def summarize(runs: list[Run], settings: Settings = DEFAULTS,
     groups = counts.index.to_frame(index=False)
     groups = groups.iloc[sorted(range(len(groups)), key=lambda i: tuple(
         natural_value(groups.at[i, k], baseline.get(k)) for k in keys))]
-    grid = groups.merge(pd.DataFrame({"metric": list(METRICS)}), how="cross")
+    grid = groups.merge(pd.DataFrame({"metric": metrics}), how="cross")
     tidy = grid.merge(tidy, on=[*keys, "metric"], how="left")
-    tidy["better"] = tidy["metric"].map(METRICS)
+    tidy["better"] = tidy["metric"].map(DIRECTIONS)
     tidy["n"] = tidy["n"].fillna(0).astype(int)
     tidy = tidy.merge(counts.reset_index(), on=keys, how="left")
-    rate = tidy.loc[tidy["metric"] == "diverged", [*keys, "mean", "ci_low", "ci_high"]]
-    tidy = tidy.merge(rate.set_axis([*keys, "divergence_rate", "divergence_ci_low",
-                                     "divergence_ci_high"], axis=1), on=keys, how="left")
+    extra = []  # the columns only some sweeps have, after SUMMARY_COLUMNS
+    for metric in RATES:
+        if metric in metrics:
+            rate = tidy.loc[tidy["metric"] == metric, [*keys, "mean", "ci_low", "ci_high"]]
+            tidy = tidy.merge(rate.set_axis([*keys, *RATE_COLUMNS[metric]], axis=1), on=keys,
+                              how="left")
+            extra += RATE_COLUMNS[metric] if metric != "diverged" else []
+    if LR_KEY in keys:
+        tidy["max_stable_lr"] = max_stable_lr(tidy, keys)
+        extra.append("max_stable_lr")
     tidy["group"] = [group_label(dict(zip(keys, row, strict=True)))
                      for row in tidy[keys].to_numpy()]
-    return runs_table, tidy.reindex(columns=[*keys, "group", *SUMMARY_COLUMNS])
+    return runs_table, tidy.reindex(columns=[*keys, "group", *SUMMARY_COLUMNS, *extra])
 
 
+def max_stable_lr(tidy: pd.DataFrame, keys: list[str]) -> np.ndarray:
+    """Per row of `tidy`, the largest learning rate of its setting (its values of the keys but
+    the learning rate) that is stable with every smaller swept rate: max{r : every swept rate
+    r' ≤ r has a measured seed and no seed diverged at r'}; NaN if the smallest rate is not
+    stable (or without `optimizer.learning_rate` among the keys). A rate that reads as no
+    number (`null`) is left out."""
+    if LR_KEY not in keys:
+        return np.full(len(tidy), math.nan)
+    others = [k for k in keys if k != LR_KEY]
+    rates = tidy[tidy["metric"] == "diverged"].assign(
+        lr=pd.to_numeric(tidy[LR_KEY], errors="coerce"),
+        stable=lambda t: (t["n"] > 0) & (t["mean"] == 0)).dropna(subset=["lr"])
+
+    def largest_stable(setting: pd.DataFrame) -> float:
+        ordered = setting.sort_values("lr")
+        unstable = ~ordered["stable"].to_numpy()
+        below = len(ordered) if not unstable.any() else int(np.argmax(unstable))
+        return float(ordered["lr"].iloc[below - 1]) if below else math.nan
+
+    if not others:
+        return np.full(len(tidy), largest_stable(rates))
+    per_setting = rates.groupby(others, sort=False)[["lr", "stable"]].apply(largest_stable)
+    found = tidy[others].merge(per_setting.rename("max_stable_lr").reset_index(), on=others,
+                               how="left")
+    return found["max_stable_lr"].to_numpy(float)

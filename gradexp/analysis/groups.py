@@ -16,6 +16,7 @@ from gradexp.analysis.runs import YAML_LOADER, Run
 SEED_KEY = "seed"
 UNSET = "(unset)"  # a swept key that neither a run's overrides nor its config has
 ONE_GROUP = "sweep"  # the key of the single group when no key but the seed was swept
+LR_KEY = "optimizer.learning_rate"  # a learning-rate sweep: max_stable_lr, final loss vs rate
 
 
 def grouping_keys(runs: list[Run]) -> list[str]:

@@ -1,8 +1,8 @@
 """Per-run metrics: one small function each, its formula in the docstring, on numpy arrays
 (pandas' per-call overhead would dominate); `run_metrics` applies them all to one run's
 per-step table, with the knobs in `Settings`. A diverged run is measured on its steps before
-the divergence (`steps_before_divergence`). The divergence test and the final-loss window are
-gradexp.measures', shared with the trainer.
+the divergence (`steps_before_divergence`). The divergence test, the final-loss window and the
+success criterion are gradexp.measures', shared with the trainer.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from gradexp.analysis.runs import GRAD_NORM, LOSS
-from gradexp.measures import divergence_step, final_loss
+from gradexp.measures import divergence_step, final_loss, succeeded, success_step
 
 METRICS: dict[str, str | None] = {  # each metric, the better direction (None: no wins)
     "diverged": "lower", "diverged_step": None, "final_loss": "lower", "val_loss": "lower",
@@ -23,6 +23,14 @@ METRICS: dict[str, str | None] = {  # each metric, the better direction (None: n
     "grad_norm_max": "lower", "clip_fraction": None, "param_clip_fraction": None,
     "steps_to_target": "lower"}
 RUN_EXTRAS = ["loss_spikes", "measured_steps"]  # in runs.csv: the rate's numerator, denominator
+# Only for runs whose dataset has a success criterion (an `error_rate/val` column): a sweep
+# without one keeps exactly the metrics (and files) above.
+SUCCESS_METRICS: dict[str, str | None] = {"success": "higher", "steps_to_success": "lower"}
+DIRECTIONS = {**METRICS, **SUCCESS_METRICS}  # the better direction of every metric
+# The 0/1 metrics: a group's mean is a rate (exact interval, k/n), its Δ a difference of rates
+# with the seeds won and lost (no t interval); the rate's name in summary.csv, what a win is.
+RATES = {"diverged": ("divergence", "saved"), "success": ("success", "gained")}
+ERROR_RATE = "error_rate/val"  # the share of held-out examples above the dataset's threshold
 
 
 @dataclass(frozen=True)
@@ -142,15 +150,31 @@ def steps_to_target(loss: np.ndarray, steps: np.ndarray, target: float,
     return float(np.asarray(steps)[np.argmax(reached)]) if reached.any() else math.nan
 
 
+def success_metrics(table: pd.DataFrame, success_below: float, diverged: bool) -> dict:
+    """`success`: 1 if `measures.succeeded` (the run did not diverge and its last evaluated
+    error rate, on the steps before any divergence, is below `success_below`), else 0;
+    `steps_to_success`: `measures.success_step`, the first evaluated step before any
+    divergence whose error rate is below it (NaN if none). Both NaN without an
+    `error_rate/val` column or a `success_below` (a dataset without a success criterion)."""
+    if ERROR_RATE not in table or math.isnan(success_below):
+        return dict.fromkeys(SUCCESS_METRICS, math.nan)
+    rates = table[ERROR_RATE].to_numpy(float)
+    return {"success": float(succeeded(rates, success_below, diverged)),
+            "steps_to_success": success_step(table["step"].to_numpy(), rates, success_below)}
+
+
 def run_metrics(table: pd.DataFrame, settings: Settings = DEFAULTS, divergence_factor=1000.0,
-                reported_diverged_step: float = math.nan, target_loss: float = math.nan) -> dict:
-    """Every metric of one run's table (one row per step), and RUN_EXTRAS. All but `diverged`
-    and `diverged_step` are measured on the steps before the divergence (none: NaN)."""
+                reported_diverged_step: float = math.nan, target_loss: float = math.nan,
+                success_below: float = math.nan) -> dict:
+    """Every metric of one run's table (one row per step), SUCCESS_METRICS and RUN_EXTRAS. All
+    but `diverged`, `diverged_step` and `success` (0 for a diverged run) are measured on the
+    steps before the divergence (none: NaN)."""
     diverged_at = table_divergence_step(table, divergence_factor, reported_diverged_step)
     part = steps_before_divergence(table, diverged_at)
     divergence = {"diverged": float(not math.isnan(diverged_at)), "diverged_step": diverged_at}
+    success = success_metrics(part, success_below, not math.isnan(diverged_at))
     if part.empty:  # diverged at its first step: nothing measured (no spikes is not 0 spikes)
-        return {**dict.fromkeys([*METRICS, *RUN_EXTRAS], math.nan), **divergence,
+        return {**dict.fromkeys([*METRICS, *RUN_EXTRAS], math.nan), **divergence, **success,
                 "measured_steps": 0}
     loss = part[LOSS].to_numpy(float)
     column = {c: part[c].to_numpy(float) if c in part else np.full(len(part), math.nan)
@@ -172,6 +196,7 @@ def run_metrics(table: pd.DataFrame, settings: Settings = DEFAULTS, divergence_f
         "param_clip_fraction": param_clip_fraction(part),
         "steps_to_target": steps_to_target(loss, part["step"].to_numpy(), target_loss,
                                            settings.spike_window),
+        **success,
         "loss_spikes": loss_spikes(loss, *spike_settings),
         "measured_steps": len(loss),
     }

@@ -1,6 +1,7 @@
 """The PNGs of `python -m gradexp.summarize DIR --plots`: the loss curves and the gradient norms
-per group (mean over seeds, with a band), the final loss against each baseline key.
-matplotlib (Agg) is imported only here, inside `plot_all`.
+per group (mean over seeds, with a band), the final loss against each baseline key, and in a
+learning-rate sweep against the learning rate (log axis). matplotlib (Agg) is imported only here,
+inside `plot_all`.
 """
 
 from __future__ import annotations
@@ -10,15 +11,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gradexp.analysis.groups import group_label, natural_value, varying_keys
+from gradexp.analysis.groups import LR_KEY, group_label, natural_value, varying_keys
 from gradexp.analysis.metrics import Settings, steps_before_divergence
 from gradexp.analysis.runs import LOSS, Run
 
 
 def plot_all(runs: list[Run], runs_table: pd.DataFrame, tidy: pd.DataFrame, keys: list[str],
              baseline: dict[str, str], settings: Settings, out: Path) -> list[Path]:
-    """Write loss_curves.png, grad_norms.png and final_loss_vs_<key>.png (per baseline key, or
-    for the first key shown without a baseline) into `out`."""
+    """Write loss_curves.png, grad_norms.png, final_loss_vs_<key>.png (per baseline key, or
+    for the first key shown without a baseline) and, when the learning rate is a grouping key,
+    final_loss_vs_lr.png into `out`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -41,6 +43,9 @@ def plot_all(runs: list[Run], runs_table: pd.DataFrame, tidy: pd.DataFrame, keys
     for x_key in list(baseline) or shown[:1]:
         written.append(_plot_final_loss(plt, tidy, shown, x_key, baseline.get(x_key),
                                         out / f"final_loss_vs_{_filename(x_key)}.png"))
+    if LR_KEY in keys:
+        written.append(_plot_final_loss(plt, tidy, shown, LR_KEY, None,  # a swept key: shown
+                                        out / "final_loss_vs_lr.png", log_x=True))
     return [p for p in written if p is not None]
 
 
@@ -98,12 +103,22 @@ def _plot_grad_norms(plt, curves, color, settings: Settings, path: Path) -> Path
     return _save(plt, fig, path)
 
 
-def _plot_final_loss(plt, tidy, shown, x_key, baseline_value, path: Path) -> Path | None:
+def _plot_final_loss(plt, tidy, shown, x_key, baseline_value, path: Path,
+                     log_x: bool = False) -> Path | None:
+    """Final loss (mean, 95% interval over seeds) against `x_key`, a line per combination of
+    the other keys shown: at evenly spaced values with error bars, or (`log_x`, the learning
+    rate) at the numbers themselves on a log axis with a band, groups where a seed diverged
+    marked ×."""
     rows = tidy[(tidy["metric"] == "final_loss") & (tidy["n"] > 0)]
+    if log_x:
+        rows = rows.assign(x=pd.to_numeric(rows[x_key], errors="coerce")).dropna(subset=["x"])
+        rows = rows[rows["x"] > 0]
     if rows.empty:
         return None
     x_values = sorted(rows[x_key].unique(), key=lambda v: natural_value(v, baseline_value))
     position = {v: i for i, v in enumerate(x_values)}
+    if not log_x:
+        rows = rows.assign(x=rows[x_key].map(position))
     others = [k for k in shown if k != x_key]
     # Diverged runs' final losses (the loss before the blow-up) can sit decades above the rest:
     # then a log axis, on which an interval reaching down to 0 or below ends at the axis' bottom.
@@ -111,14 +126,25 @@ def _plot_final_loss(plt, tidy, shown, x_key, baseline_value, path: Path) -> Pat
     floor = means.min() / 3 if (means > 0).all() and means.max() > 100 * means.min() else None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for combination, line in (rows.groupby(others, sort=False) if others else [((), rows)]):
-        line = line.sort_values(x_key, key=lambda s: s.map(position))
+        line = line.sort_values("x")
         label = (group_label(dict(zip(others, np.atleast_1d(combination), strict=True)))
                  or "final loss")
         low = line["ci_low"] if floor is None else line["ci_low"].clip(lower=floor)
+        if log_x:
+            (drawn,) = ax.plot(line["x"], line["mean"], marker="o", label=label)
+            ax.fill_between(line["x"], low, line["ci_high"], color=drawn.get_color(), alpha=0.2)
+            continue
         err = np.vstack([line["mean"] - low, line["ci_high"] - line["mean"]])
-        ax.errorbar(line[x_key].map(position), line["mean"], yerr=np.nan_to_num(err),
+        ax.errorbar(line["x"], line["mean"], yerr=np.nan_to_num(err),
                     marker="o", capsize=3, label=label)
-    ax.set_xticks(range(len(x_values)), x_values)
+    if log_x:
+        diverged = rows[rows["divergence_rate"] > 0]
+        if not diverged.empty:
+            ax.scatter(diverged["x"], diverged["mean"], marker="x", s=90, color="black",
+                       zorder=3, label="a seed diverged (loss before it)")
+        ax.set(xscale="log")
+    else:
+        ax.set_xticks(range(len(x_values)), x_values)
     ax.set(xlabel=x_key, ylabel="final loss (mean over seeds, 95% CI)",
            title=f"Final loss against {x_key}")
     if floor is not None:

@@ -1,6 +1,7 @@
 """The reports of a summary: the printed table (`group_table`, one row per group), one table
-per metric (`metric_table`), and summary.md (`markdown_report`); numbers formatted for reading
-(`mean±half-width`, `k/n [low, high]`). summary.csv and runs.csv are compare's tables as they are.
+per metric (`metric_table`), the largest stable learning rate per setting (`max_stable_table`),
+and summary.md (`markdown_report`); numbers formatted for reading (`mean±half-width`,
+`k/n [low, high]`). summary.csv and runs.csv are compare's tables as they are.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gradexp.analysis.groups import group_label, varying_keys
-from gradexp.analysis.metrics import METRICS, Settings
+from gradexp.analysis.groups import LR_KEY, group_label, varying_keys
+from gradexp.analysis.metrics import DIRECTIONS, RATES, Settings
 
 
 def _number(x: float, digits: int = 3) -> str:
@@ -39,23 +40,24 @@ def _mean_cell(row: pd.Series, seeds: int) -> str:
 
 
 def _rate_cell(row: pd.Series) -> str:
-    """`k/n [low, high]`: seeds diverged of seeds measured, the exact 95% interval."""
+    """`k/n [low, high]` of a 0/1 metric: seeds with a 1 (diverged, succeeded) of seeds
+    measured, the exact 95% interval."""
     if row["n"] == 0:
         return "—"
-    diverged = _number(row["mean"] * row["n"])
-    return f"{diverged}/{row['n']} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+    ones = _number(row["mean"] * row["n"])
+    return f"{ones}/{row['n']} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
 
 
 def _diff_cell(row: pd.Series, baseline: dict[str, str]) -> str:
-    """`Δmean±half-width wins/pairs`, for `diverged` `Δrate (k saved, l lost, p=sign test)`;
-    `base` in a baseline group."""
+    """`Δmean±half-width wins/pairs`, for a 0/1 metric `Δrate (k saved, l lost, p=sign test)`
+    (`gained` for success); `base` in a baseline group."""
     if all(row[k] == v for k, v in baseline.items()):
         return "base"
     if pd.isna(row.get("n_paired")) or not row["n_paired"]:
         return "no pair"
     cell = "—" if pd.isna(row["diff_mean"]) else _signed(row["diff_mean"])
-    if row.name == "diverged":
-        return (f"{cell} ({int(row['wins'])} saved, {int(row['losses'])} lost, "
+    if row.name in RATES:
+        return (f"{cell} ({int(row['wins'])} {RATES[row.name][1]}, {int(row['losses'])} lost, "
                 f"p={_number(row['sign_p'], 2)})")
     if not pd.isna(row["diff_ci_high"]):
         cell += f"±{_number(row['diff_ci_high'] - row['diff_mean'], 2)}"
@@ -66,8 +68,8 @@ def _diff_cell(row: pd.Series, baseline: dict[str, str]) -> str:
 
 def printed_metrics(tidy: pd.DataFrame) -> list[str]:
     """The metrics of the printed table: `val_accuracy`, or `val_loss` if no group has an
-    accuracy (regression), or both if only some groups have one; `param_clip_fraction` if some
-    run logged it."""
+    accuracy (regression), or both if only some groups have one; `steps_to_success` if some run
+    reached its success criterion; `param_clip_fraction` if some run logged it."""
     def measured(metric: str) -> np.ndarray:  # per group: does some seed have a value
         return tidy.loc[tidy["metric"] == metric, "n"].to_numpy() > 0
 
@@ -75,28 +77,32 @@ def printed_metrics(tidy: pd.DataFrame) -> list[str]:
     val = (["val_loss"] if not accuracy.any() else
            ["val_accuracy"] if (accuracy | ~loss).all() else ["val_loss", "val_accuracy"])
     param = ["param_clip_fraction"] if measured("param_clip_fraction").any() else []
-    return ["final_loss", *val, "loss_spike_rate", "grad_norm_cv", "steps_to_target",
+    success = ["steps_to_success"] if measured("steps_to_success").any() else []
+    return ["final_loss", *val, "loss_spike_rate", "grad_norm_cv", "steps_to_target", *success,
             "clip_fraction", *param]
 
 
 def group_table(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],
                 metrics: list[str] | None = None) -> pd.DataFrame:
     """One row per group: its varying keys, runs, diverged seeds/measured seeds [95% interval]
-    (and against the baseline: Δ rate, seeds saved and lost, sign test), then per metric
-    `mean±half-width` of the 95% interval over seeds and `Δmean±half-width wins/pairs`."""
+    (and against the baseline: Δ rate, seeds saved and lost, sign test), the same for success
+    if some run has one, then per metric `mean±half-width` of the 95% interval over seeds and
+    `Δmean±half-width wins/pairs`."""
     shown, metrics = varying_keys(tidy, keys, baseline), metrics or printed_metrics(tidy)
+    rates = [m for m in RATES if (tidy["metric"] == m).any()]
     rows = []
     for _, group in tidy.groupby("group", sort=False):
         first = group.iloc[0]
         row = {k: first[k] for k in shown}
         row["runs"] = int(first["runs"])
         by_metric = group.set_index("metric")
-        row["diverged"] = _rate_cell(by_metric.loc["diverged"])
-        if baseline:
-            row["Δ diverged"] = _diff_cell(by_metric.loc["diverged"], baseline)
+        for rate in rates:
+            row[rate] = _rate_cell(by_metric.loc[rate])
+            if baseline:
+                row[f"Δ {rate}"] = _diff_cell(by_metric.loc[rate], baseline)
         for metric in metrics:
             row[metric] = _mean_cell(by_metric.loc[metric], by_metric.at["diverged", "n"])
-            if baseline and METRICS[metric] is not None:
+            if baseline and DIRECTIONS[metric] is not None:
                 row[f"Δ {metric}"] = _diff_cell(by_metric.loc[metric], baseline)
         row["notes"] = ", ".join(f"{int(first[c])} {c}" for c in ("failed", "incomplete")
                                  if first[c])
@@ -114,11 +120,29 @@ def metric_table(tidy: pd.DataFrame, keys: list[str], metric: str,
     if baseline:
         columns |= {"paired": rows["n_paired"].map(_number), "Δ mean": rows["diff_mean"].map(
             _signed), "Δ 95% CI": _intervals(rows, "diff_ci")}
-    if baseline and METRICS[metric]:
+    if baseline and DIRECTIONS[metric]:
         columns |= {c: rows[c].map(_number) for c in ("wins", "ties", "losses")}
         columns["win rate"] = rows["win_rate"].map(lambda x: _number(x * 100) + "%" * (x >= 0))
         columns["sign p"] = rows["sign_p"].map(lambda x: _number(x, 2))
     return rows[varying_keys(tidy, keys, baseline)].assign(**columns)
+
+
+def has_success(tidy: pd.DataFrame) -> bool:
+    """Whether the summary has the success metrics (some run's dataset has a criterion)."""
+    return bool((tidy["metric"] == "success").any())
+
+
+def max_stable_table(tidy: pd.DataFrame, keys: list[str],
+                     baseline: dict[str, str]) -> pd.DataFrame | None:
+    """One row per setting (its varying keys but the learning rate): `max_stable_lr`, the
+    largest swept rate at which, and at every smaller one, no seed diverged (— if none); None
+    when the learning rate is not a grouping key."""
+    if "max_stable_lr" not in tidy:
+        return None
+    others = [k for k in varying_keys(tidy, keys, baseline) if k != LR_KEY]
+    rows = tidy.drop_duplicates(others) if others else tidy.iloc[:1]
+    return rows[others].assign(max_stable_lr=rows["max_stable_lr"].map(
+        lambda x: "—" if pd.isna(x) else f"{x:g}"))
 
 
 def _intervals(rows: pd.DataFrame, prefix: str) -> list[str]:
@@ -134,14 +158,18 @@ def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str
     if fixed:
         first = tidy.iloc[0]
         lines.append("Same in every run: " + group_label({k: first[k] for k in fixed}) + "  ")
-    lines.append(comparison_note(baseline, settings) + "  ")
+    lines.append(comparison_note(baseline, settings, has_success(tidy)) + "  ")
+    stable = max_stable_table(tidy, keys, baseline)
     lines += [f"Metrics: final fraction {settings.final_fraction}, spike factor "
               f"{settings.spike_factor}, spike window {settings.spike_window} steps, "
               f"spike minimum rise {settings.spike_min_rise} × first loss "
               "(definitions: README, \"Summarizing a sweep\").", "",
               "## Groups", "",
               group_table(tidy, keys, baseline).to_markdown(index=False), ""]
-    for metric, better in METRICS.items():
+    if stable is not None:
+        lines += ["## " + MAX_STABLE_TITLE, "", stable.to_markdown(index=False), ""]
+    for metric in tidy["metric"].unique():
+        better = DIRECTIONS[metric]
         direction = {"lower": " (lower is better)", "higher": " (higher is better)"}.get(better, "")
         lines += [f"## {metric}{direction}", "",
                   metric_table(tidy, keys, metric, baseline).to_markdown(index=False), ""]
@@ -150,8 +178,14 @@ def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str
     return "\n".join(lines)
 
 
-def comparison_note(baseline: dict[str, str], settings: Settings) -> str:
-    """The sentence that says what is compared with what (printed above the table)."""
+MAX_STABLE_TITLE = ("max stable learning rate per setting (the largest swept rate at which, and "
+                    "at every smaller one, no seed diverged)")
+
+
+def comparison_note(baseline: dict[str, str], settings: Settings,
+                    success: bool = False) -> str:
+    """The sentence that says what is compared with what (printed above the table); `success`:
+    and the sentence on the success columns."""
     if not baseline:
         return "No baseline (pass --baseline KEY=VALUE): no comparisons."
     setting = ",".join(f"{k}={v}" for k, v in baseline.items())
@@ -162,5 +196,8 @@ def comparison_note(baseline: dict[str, str], settings: Settings) -> str:
             f"and {setting}, paired by seed; Δ = group − baseline, mean ± 95% t interval "
             f"over paired seeds, wins/pairs; diverged: seeds diverged/seeds [exact 95% "
             f"interval], Δ diverged: difference of the rates over paired seeds, seeds saved "
-            f"(baseline diverged, group did not) and lost, p of the exact sign test; {target}.")
+            f"(baseline diverged, group did not) and lost, p of the exact sign test; {target}."
+            + (" success: seeds that succeeded/seeds [exact 95% interval], Δ success: "
+               "difference of the rates, seeds gained (group succeeded, baseline did not) and "
+               "lost, p of the exact sign test." if success else ""))
 
