@@ -1,6 +1,6 @@
 """The `clipping` group's schemas (conf/clipping/): parameter-gradient clipping, between
 tape.gradient and optimizer.apply. Each method's keys and checks; the methods themselves are in
-gradexp/clipping.py, registered under the same names."""
+gradexp/clipping/, registered under the same names."""
 
 from __future__ import annotations
 

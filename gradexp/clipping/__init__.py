@@ -1,0 +1,65 @@
+"""Parameter-gradient clipping: what happens between `tape.gradient` and `optimizer.apply`.
+
+The trainer makes one clipper per run, outside its compiled step, and calls it inside:
+
+    clipper = make_clipper(cfg.clipping, params, output_params=head.trainable_variables)
+    ...
+    grads = tape.gradient(loss, params)
+    grads, stats = clipper(grads, params)
+    optimizer.apply(grads, params)
+
+Every method returns `(clipped_grads, stats)`, `stats` a dict of float32 scalars:
+
+    norm_before  ‖g‖ = sqrt(Σ_tensors Σ_elements g²), the global L2 norm of the gradients in
+    norm_after   the same norm of the gradients out
+    threshold    the bound in force this step (each method says which)
+    clipped      1.0 if the method changed a gradient this step, else 0.0
+
+Non-finite gradients stay visible: when ‖g‖ is inf or NaN, every method returns the gradients
+unchanged (Keras would turn them into NaN, or clip ±inf to the bound) and the adaptive methods leave
+their state alone, so that one overflow does not poison their statistics for the rest of the run.
+(A norm that overflows float32 while every element is finite, ≳1e19 per element, counts as
+non-finite too.)
+
+Activation clipping (gradexp/layers.py) is another thing: it clips dy, elementwise, where the
+backward pass crosses a chosen position in the model, so everything upstream is computed from the
+clipped signal. Parameter clipping acts once backprop is over, on the parameters' gradients.
+
+Distribution: nothing here calls a tf.distribute API. Under a strategy, make the clipper inside
+`strategy.scope()` (its state variables are then mirrored) and call it in cross-replica context on
+the all-reduced gradients. Keras 3's own clipvalue/clipnorm/global_clipnorm act inside
+`optimizer.apply` before its all-reduce, i.e. on each replica's gradients.
+
+Layout: common.py holds what every method shares (the METHODS registry, `Clipper`, the global
+norm, the stats); each other module is one family of methods, its formulas and references in its
+docstring, and registers them under their names in conf/clipping/. This package imports every
+module in it, so a new method is its module, its YAML, its schema (gradexp/config/clipping.py)
+and its test, with no list to edit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Iterable
+from typing import Any
+
+from gradexp.clipping.common import METHODS, Clipper
+
+__all__ = ["METHODS", "Clipper", "make_clipper"]
+
+
+def make_clipper(cfg: Any, params: list, output_params: Iterable | None = None) -> Clipper:
+    """The clipper of a `clipping` config node; its state variables are created here.
+
+    Call it outside the compiled step (inside `strategy.scope()` under a distribution strategy).
+    `output_params`: the output layer's parameters, as variables, variable paths, or one boolean
+    per entry of `params`; AGC leaves them unclipped when `exclude_output` is true.
+    """
+    return METHODS[cfg.name](cfg, params, output_params)
+
+
+# Every module of the package registers its methods in METHODS on import.
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")
+del _module

@@ -1,0 +1,73 @@
+"""Unit-wise adaptive gradient clipping, AGC (Brock, De, Smith & Simonyan 2021, "High-Performance
+Large-Scale Image Recognition Without Normalization"; deepmind-research nfnets/optim.py SGD_AGC,
+timm/utils/agc.py adaptive_clip_grad). For every unit of every parameter W with gradient G:
+
+    max_norm = λ · max(‖W_unit‖, eps)
+    G_unit ← G_unit · max_norm / max(‖G_unit‖, 1e-6)    where ‖G_unit‖ > max_norm
+
+A unit is an output unit of a kernel (the norm over every axis but the last) or a whole bias or
+gain; see `unitwise_norm`. The output layer, which the paper does not clip, passes unchanged
+when `exclude_output` is true. threshold = λ (the bounds themselves differ per unit).
+"""
+
+from __future__ import annotations
+
+from gradexp._tf import tf
+from gradexp.clipping.common import (
+    Clipper,
+    any_of,
+    clip_stats,
+    global_norm,
+    method,
+    output_paths,
+    variable_path,
+)
+
+AGC_MIN_GRAD_NORM = 1e-6  # nfnets: floor on ‖G_unit‖ in the rescale, "just in case"
+
+
+def unitwise_norm(x) -> tf.Tensor:
+    """‖x‖ per unit: over every axis but the last for a Keras kernel (…, in, out), i.e. one norm
+    per output unit of a Dense kernel [in, out] or per filter of a Conv kernel [h, w, in, out];
+    over the whole tensor for a scalar or a vector (biases, gains), which nfnets and timm both
+    treat as one unit. This is nfnets' `unitwise_norm` (HWIO layout) for 1-, 2- and 4-D tensors
+    and timm's (PyTorch's out-first layout) transposed. Where nfnets differs we go by rank: it
+    squeezes size-1 axes first (a [1, out] kernel becomes one vector) and reduces only axis 0 of
+    a 3-D tensor; we take a Conv1D kernel [w, in, out] per filter, like the others.
+    """
+    x = tf.cast(x, tf.float32)
+    if x.shape.rank <= 1:
+        return tf.sqrt(tf.reduce_sum(tf.square(x)))
+    return tf.sqrt(tf.reduce_sum(tf.square(x), axis=list(range(x.shape.rank - 1)), keepdims=True))
+
+
+def adaptive_clip(grads: list, params: list, factor: float, eps: float,
+                  skip: list[bool]) -> tuple[list, dict]:
+    """AGC (the module docstring) with λ = `factor`; parameters flagged in `skip` pass unchanged.
+    threshold = λ."""
+    norm = global_norm(grads)
+    finite = tf.math.is_finite(norm)
+    out, over = [], []
+    for g, w, skipped in zip(grads, params, skip, strict=True):
+        if skipped:
+            out.append(g)
+            continue
+        max_norm = tf.maximum(unitwise_norm(w), eps) * factor
+        grad_norm = unitwise_norm(g)
+        trigger = finite & (grad_norm > max_norm)
+        shrunk = g * tf.cast(max_norm / tf.maximum(grad_norm, AGC_MIN_GRAD_NORM), g.dtype)
+        out.append(tf.where(trigger, shrunk, g))
+        over.append(tf.reduce_any(trigger))
+    clipped = any_of(over) if over else tf.constant(False)
+    return out, clip_stats(norm, out, factor, clipped)
+
+
+@method("agc")
+def _agc(c, params, output_params) -> Clipper:
+    factor, eps = float(c.factor), float(c.eps)
+    excluded = output_paths(params, output_params) if c.exclude_output else set()
+    if c.exclude_output and not excluded:
+        raise ValueError("clipping=agc with exclude_output=true: pass the output layer's "
+                         "parameters as output_params")
+    return Clipper(c.name, lambda grads, params: adaptive_clip(
+        grads, params, factor, eps, [variable_path(v) in excluded for v in params]))

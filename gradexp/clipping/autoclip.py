@@ -1,0 +1,116 @@
+"""AutoClip (Seetharaman, Wichern, Pardo & Le Roux 2020, "AutoClip: Adaptive Gradient Clipping
+for Source Separation Networks"; github.com/pseeth/autoclip):
+
+    h ← h ∪ {‖g‖}              (appended before the percentile, as in the paper's code)
+    T = percentile_p(h)
+    g ← g · T / ‖g‖            where ‖g‖ > T
+
+h keeps the last `size` norms. threshold = T. The paper's code rescales by T / (‖g‖ + 1e-6)
+(torch's clip_grad_norm_); we rescale to exactly T. Not idempotent: clipping the same gradient
+again from the same state records T instead of ‖g‖, which may lower the percentile below T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gradexp._tf import tf
+from gradexp.clipping.common import (
+    INF,
+    Clipper,
+    clip_stats,
+    global_norm,
+    method,
+    rescale,
+    state_variable,
+)
+
+
+@dataclass
+class NormHistory:
+    """The last `size` finite global norms, twice: `arrivals` in arrival order (the next one goes
+    to slot count mod size) and `ascending` the same values sorted, +inf in slots not yet filled.
+    Keeping them sorted costs a few O(size) vector operations per step, less than a sort: with
+    10 000 norms, about 0.7 ms against 1.1 ms per step in a tf.function on 2 CPU cores, and
+    0.16 ms against 4 ms under XLA."""
+
+    arrivals: tf.Variable
+    ascending: tf.Variable
+    count: tf.Variable  # norms recorded so far (int64)
+
+    @classmethod
+    def create(cls, size: int) -> NormHistory:
+        def variable(value, name):
+            return state_variable(value, f"autoclip/{name}")
+
+        return cls(variable(tf.fill([size], INF), "arrivals"),
+                   variable(tf.fill([size], INF), "ascending"),
+                   variable(tf.constant(0, tf.int64), "count"))
+
+    @property
+    def variables(self) -> list[tf.Variable]:
+        return [self.arrivals, self.ascending, self.count]
+
+
+def record(history: NormHistory, norm: tf.Tensor, keep: tf.Tensor) -> None:
+    """Add `norm` to the history if `keep`, evicting the oldest norm once the history is full."""
+    size = history.ascending.shape[0]
+    i = tf.range(size, dtype=tf.int64)
+    slot = history.count % size
+    evicted = tf.where(history.count >= size, tf.gather(history.arrivals, slot), INF)
+    old = history.ascending.read_value()
+
+    def below(value):
+        return tf.reduce_sum(tf.cast(old < value, tf.int64))
+
+    # `evicted` leaves position r (its first occurrence); `norm` enters at s, counted without it.
+    r = below(evicted)
+    s = below(norm) - tf.cast(evicted < norm, tf.int64)
+    old_next = tf.concat([old[1:], [INF]], 0)  # old[i + 1]
+    old_prev = tf.concat([[INF], old[:-1]], 0)  # old[i - 1]
+    without = tf.where(i < r, old, old_next)  # old with position r removed
+    without_prev = tf.where(i - 1 < r, old_prev, old)  # without[i - 1]
+    new = tf.where(i < s, without, tf.where(i == s, norm, without_prev))
+    history.ascending.assign(tf.where(keep, new, old))
+    history.arrivals.assign(tf.where(keep & (i == slot), norm, history.arrivals))
+    history.count.assign_add(tf.cast(keep, tf.int64))
+
+
+def percentile(history: NormHistory, p: float) -> tf.Tensor:
+    """numpy.percentile(history, p) with numpy's default ('linear') method; inf while empty.
+
+        q = p/100, position = n·q + (1 − q) − 1   (numpy's form of q·(n − 1)), k = ⌊position⌋,
+        t = position − k, a = sorted norms:  a_k + t·(a_{k+1} − a_k)
+        (numpy computes a_{k+1} − (1 − t)·(a_{k+1} − a_k) when t ≥ 0.5; so do we, in float64)
+    """
+    size = history.ascending.shape[0]
+    n = tf.minimum(history.count, size)
+    last = tf.cast(tf.maximum(n - 1, 0), tf.float64)
+    q = p / 100.0
+    position = tf.clip_by_value(tf.cast(n, tf.float64) * q + (1.0 - q) - 1.0, 0.0, last)
+    k = tf.floor(position)
+    t = position - k
+    lower = tf.cast(k, tf.int64)
+    upper = tf.minimum(lower + 1, tf.cast(last, tf.int64))
+    a = tf.cast(tf.gather(history.ascending, lower), tf.float64)
+    b = tf.cast(tf.gather(history.ascending, upper), tf.float64)
+    value = tf.where(t >= 0.5, b - (b - a) * (1.0 - t), a + (b - a) * t)
+    return tf.where(n > 0, tf.cast(value, tf.float32), INF)
+
+
+def autoclip(grads: list, history: NormHistory, p: float) -> tuple[list, dict]:
+    """AutoClip (the module docstring) at the p-th percentile of `history`. threshold = T."""
+    norm = global_norm(grads)
+    finite = tf.math.is_finite(norm)
+    record(history, norm, finite)
+    threshold = percentile(history, p)
+    clipped = finite & (norm > threshold)
+    out = rescale(grads, tf.where(clipped, threshold / norm, 1.0))
+    return out, clip_stats(norm, out, threshold, clipped)
+
+
+@method("autoclip")
+def _autoclip(c, params, output_params) -> Clipper:
+    history, clip_percentile = NormHistory.create(int(c.history)), float(c.percentile)
+    return Clipper(c.name, lambda grads, params: autoclip(grads, history, clip_percentile),
+                   history.variables)
