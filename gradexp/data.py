@@ -93,17 +93,20 @@ def adding_sampler(d: DictConfig) -> Sampler:
     le2015 (Le, Jaitly & Hinton 2015; Arjovsky et al. 2016):
         v_t ~ U[0, 1],  i ~ U{0, …, T//2 − 1},  j ~ U{T//2, …, T − 1},  y = v_i + v_j
         Predicting the mean, 1, scores MSE = Var(v_i + v_j) = 2/12 ≈ 0.167.
-    pascanu2013 (Pascanu, Mikolov & Bengio 2013, after Hochreiter & Schmidhuber 1997):
-        v_t ~ U[−1, 1],  i ~ U{0, …, T//10 − 1},  j ~ U{T//10, …, T//2 − 1},  y = (v_i + v_j) / 2
-        Predicting 0 scores MSE = Var(v)/2 = 1/6; a sequence is misclassified when its squared
-        error exceeds 0.04. The paper's lengths vary in [T, 1.1·T); here T is fixed.
+    pascanu2013 (Pascanu, Mikolov & Bengio 2013, as their code pascanur/trainingRNNs
+    addition.py makes it):
+        v_t ~ U[0, 1],  i ~ U{0, …, T//10 − 1},  j ~ U{T//10, …, T//2 − 1},  y = (v_i + v_j) / 2
+        A sequence is misclassified when its squared error exceeds 0.04: predicting the mean,
+        0.5, misclassifies P(|y − 0.5| > 0.2) = 36% of them (MSE = Var(v)/2 = 1/24). The
+        paper's text (after Hochreiter & Schmidhuber 1997) has v ~ U[−1, 1]; its code draws
+        U[0, 1). Its lengths vary in [T, 1.1·T); here T is fixed.
     """
     pascanu = d.variant == "pascanu2013"
-    low, (first_end, second_end) = (-1.0, (d.length // 10, d.length // 2)) if pascanu else (
-        0.0, (d.length // 2, d.length))
+    first_end, second_end = (d.length // 10, d.length // 2) if pascanu else (
+        d.length // 2, d.length)
 
     def sample(r: np.random.Generator, n: int):
-        values = r.uniform(low, 1.0, (n, d.length))
+        values = r.uniform(0.0, 1.0, (n, d.length))
         rows = np.arange(n)
         first, second = r.integers(0, first_end, n), r.integers(first_end, second_end, n)
         markers = np.zeros((n, d.length))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from gradexp._tf import keras
@@ -71,16 +72,45 @@ RNN_CELLS = {"simple": keras.layers.SimpleRNNCell, "lstm": keras.layers.LSTMCell
 @model("rnn")
 def rnn(m: DictConfig, x, num_outputs: int, tap: Tap):
     x = as_sequence(x)
+    pascanu = m.init == "pascanu2013"
+    small = keras.initializers.RandomNormal(stddev=0.01)  # pascanur/trainingRNNs "smart_tanh"
     for i in range(1, m.layers + 1):
+        recurrent = (SparseSpectral(m.recurrent_gain) if pascanu
+                     else keras.initializers.Orthogonal(gain=m.recurrent_gain))
         cell = RNN_CELLS[m.cell](
             m.units, activation=m.activation, name=f"rnn_{i}_cell",
-            recurrent_initializer=keras.initializers.Orthogonal(gain=m.recurrent_gain))
+            recurrent_initializer=recurrent,
+            kernel_initializer=small if pascanu else "glorot_uniform")
         state_clip = tap.layer(f"rnn_{i}_state")
         if state_clip is not None:
             cell = ClippedStateCell(cell, state_clip, name=f"rnn_{i}_clipped_cell")
-        x = keras.layers.RNN(cell, return_sequences=i < m.layers, name=f"rnn_{i}")(x)
+        x = keras.layers.RNN(cell, return_sequences=i < m.layers, name=f"rnn_{i}",
+                             unroll=m.unroll)(x)
         x = tap(f"rnn_{i}", x)
-    return keras.layers.Dense(num_outputs, name=HEAD)(x)
+    return keras.layers.Dense(num_outputs, name=HEAD,
+                              kernel_initializer=small if pascanu else "glorot_uniform")(x)
+
+
+class SparseSpectral(keras.initializers.Initializer):
+    """The recurrent matrix of Pascanu et al. (2013), "smart_tanh" in pascanur/trainingRNNs
+    RNN.py: `connections` non-zero entries ~ N(0, 0.01²) per row at random columns, then the
+    matrix scaled to spectral radius `radius` (max |eigenvalue|). NumPy's generator, seeded
+    from Keras's global seed (keras.utils.set_random_seed seeds it too)."""
+
+    def __init__(self, radius: float, connections: int = 15):
+        self.radius, self.connections = radius, connections
+
+    def __call__(self, shape, dtype=None):
+        rows, columns = shape
+        w = np.zeros(shape)
+        for row in range(rows):
+            chosen = np.random.permutation(columns)[:self.connections]
+            w[row, chosen] = np.random.normal(0.0, 0.01, len(chosen))
+        w *= self.radius / np.max(np.abs(np.linalg.eigvals(w)))
+        return keras.ops.convert_to_tensor(w, dtype=dtype or "float32")
+
+    def get_config(self):
+        return {"radius": self.radius, "connections": self.connections}
 
 
 @model("transformer")

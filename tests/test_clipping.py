@@ -494,3 +494,17 @@ def test_bad_values_name_the_key(make_cfg, overrides, key):
     with pytest.raises(config.ConfigError) as error:
         config.validate(make_cfg(*overrides))
     assert str(error.value).startswith(key)
+
+
+def test_global_norm_with_no_bound_is_no_clipping():
+    """clipping.max_norm=null: the baseline of a threshold sweep passes g unchanged, threshold
+    inf, never counted as clipped, where max_norm=1 rescales the same gradients to norm 1."""
+    params = variables([np.ones((2, 2), np.float32), np.ones(3, np.float32)])
+    grads = [tf.constant([[3.0, 0.0], [0.0, 4.0]]), tf.constant([0.0, 12.0, 0.0])]  # ‖g‖ = 13
+    out, stats = clipper_for("global_norm", {"max_norm": None}, params)(grads, params)
+    for g, o in zip(grads, out, strict=True):
+        np.testing.assert_array_equal(o, g)
+    assert float(stats["threshold"]) == np.inf and float(stats["clipped"]) == 0.0
+    assert float(stats["norm_before"]) == float(stats["norm_after"]) == 13.0
+    out, stats = clipper_for("global_norm", {"max_norm": 1.0}, params)(grads, params)
+    assert float(stats["norm_after"]) == pytest.approx(1.0) and float(stats["clipped"]) == 1.0

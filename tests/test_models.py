@@ -207,3 +207,20 @@ def test_rnn_with_state_clip_survives_save_and_load(make_cfg, tmp_path):
     np.testing.assert_allclose(model(x).numpy(), reloaded(x).numpy(), rtol=1e-6)
     np.testing.assert_allclose(through_gradexp(model, x)[0].numpy(),
                                through_gradexp(reloaded, x)[0].numpy(), rtol=1e-6)
+
+
+def test_pascanu_initialisation_is_sparse_with_the_spectral_radius_asked(make_cfg):
+    """model.init=pascanu2013 (pascanur/trainingRNNs "smart_tanh"): 15 non-zeros per row of the
+    recurrent matrix, scaled to spectral radius recurrent_gain; inputs and output N(0, 0.01²)."""
+    from gradexp._tf import keras
+
+    cfg = make_cfg("model=rnn", "model.units=50", "model.init=pascanu2013",
+                   "model.recurrent_gain=0.95", "dataset=adding", "layer.positions=[]")
+    keras.utils.set_random_seed(0)
+    model = models.build(cfg.model, config.clip_spec(cfg), (50, 2), 1)
+    cell = model.get_layer("rnn_1").cell
+    w = np.asarray(cell.recurrent_kernel)
+    assert ((w != 0).sum(axis=1) == 15).all()
+    assert np.max(np.abs(np.linalg.eigvals(w))) == pytest.approx(0.95, rel=1e-5)
+    for kernel in (np.asarray(cell.kernel), np.asarray(model.get_layer("head").kernel)):
+        assert 0.005 < kernel.std() < 0.02  # N(0, 0.01²), not Glorot's ~0.3

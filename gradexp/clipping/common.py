@@ -51,7 +51,7 @@ def stateless(name: str, *keys: str):
     def register(clip: Callable) -> Callable:
         @method(name)
         def make(c, params, output_params) -> Clipper:
-            settings = [float(c[key]) for key in keys]
+            settings = [None if c[key] is None else float(c[key]) for key in keys]
             return Clipper(c.name, lambda grads, params: clip(grads, *settings))
 
         return clip

@@ -63,8 +63,11 @@ def clip_by_global_norm(grads: list, max_norm: float) -> tuple[list, dict]:
 
     The factor is computed as Keras 3 computes it, c · (1/‖g‖), so a clipped step is bit-for-bit
     Keras'; below the bound g is left exactly as it is (Keras multiplies by c · (1/c), which may
-    differ from 1 by a rounding). threshold = c.
+    differ from 1 by a rounding). threshold = c. c = None never clips (as `none`): the baseline
+    of a sweep over c.
     """
+    if max_norm is None:
+        return no_clipping(grads)
     norm = global_norm(grads)
     clipped = tf.math.is_finite(norm) & (norm > max_norm)
     out = rescale(grads, tf.where(clipped, max_norm * (1.0 / norm), 1.0))

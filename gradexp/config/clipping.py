@@ -48,13 +48,15 @@ class NormClippingConfig(ClippingConfig):
 
 @dataclass
 class GlobalNormClippingConfig(ClippingConfig):
-    """All gradients rescaled together to global norm <= max_norm (Keras `global_clipnorm`)."""
+    """All gradients rescaled together to global norm <= max_norm (Keras `global_clipnorm`);
+    max_norm null never clips: the unclipped baseline inside a sweep of the threshold."""
 
     name: str = "global_norm"
-    max_norm: float = MISSING
+    max_norm: float | None = MISSING
 
     def check(self) -> None:
-        check_positive("max_norm", self.max_norm)
+        if self.max_norm is not None:
+            check_positive("max_norm", self.max_norm)
 
 
 @dataclass

@@ -63,8 +63,8 @@ class DigitsConfig(DatasetConfig):
 @dataclass
 class AddingConfig(DatasetConfig):
     """The adding problem: `length` steps of (value, marker), target from the two marked values
-    (regression). `variant`: le2015 (sum, values in [0, 1], a marker in each half) or
-    pascanu2013 (mean, values in [-1, 1], markers in the first 10% and in 10-50%). With
+    (regression). `variant`: le2015 (sum, a marker in each half) or pascanu2013 (mean, markers
+    in the first 10% and in 10-50%); values in [0, 1] in both. With
     `error_threshold`, each evaluation logs `error_rate/val`, the share of held-out sequences
     whose squared error exceeds it (Pascanu et al.: 0.04), and a run succeeds when that share
     ends below `success_below` (0.01). Definitions in gradexp/data.py `adding`."""

@@ -95,8 +95,10 @@ class RNNConfig(ModelConfig):
 
     Positions of layer i: `rnn_<i>_state`, inside the recurrence (the hidden state h_t, at every
     time step: backpropagation through time is clipped step by step), then `rnn_<i>`, the
-    layer's output. The recurrent kernel starts as `recurrent_gain` × a random orthogonal
-    matrix: above 1, gradients through time can explode.
+    layer's output. `init: keras`: the recurrent kernel starts as `recurrent_gain` × a random
+    orthogonal matrix (above 1, gradients through time can explode), the others Glorot;
+    `init: pascanu2013` (the paper's "smart_tanh", gradexp/models.py SparseSpectral): 15
+    non-zeros per row scaled to spectral radius `recurrent_gain`, inputs and output ~ N(0, 0.01²).
     """
 
     name: str = "rnn"
@@ -105,6 +107,9 @@ class RNNConfig(ModelConfig):
     layers: int = MISSING
     activation: str = MISSING  # of the state (simple) or the candidate (lstm, gru)
     recurrent_gain: float = MISSING
+    init: str = "keras"
+    unroll: bool = False  # XLA gets the T steps written out: ~1.3x the steps/s at T = 50
+    INITS: ClassVar[tuple[str, ...]] = ("keras", "pascanu2013")
     INPUTS: ClassVar[tuple[str, ...]] = (SEQUENCES, IMAGES)
     NEEDS: ClassVar[str] = "sequence inputs (T, F) or images (H, W, C), read row by row"
 
@@ -117,6 +122,7 @@ class RNNConfig(ModelConfig):
         one_of("activation", self.activation, ACTIVATIONS)
         need(finite(self.recurrent_gain) and self.recurrent_gain > 0, "recurrent_gain",
              self.recurrent_gain, "must be a positive number")
+        one_of("init", self.init, self.INITS)
 
 
 @dataclass
