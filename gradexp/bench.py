@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gradexp import rundir
 from gradexp.train import CONF_DIR
 
 WORKLOADS = {  # name: overrides of the default config
@@ -261,17 +262,17 @@ def write_sweep(sweep: Path, runs: int, steps: int) -> None:
         cfg = composed[clip].copy()
         cfg.seed = seed
         run_dir = sweep / str(k)
-        (run_dir / ".hydra").mkdir(parents=True)
+        (run_dir / rundir.HYDRA).mkdir(parents=True)
         overrides = [f"clip={clip}", f"seed={seed}"]
-        OmegaConf.save(OmegaConf.create(overrides), run_dir / ".hydra" / "overrides.yaml")
-        OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+        OmegaConf.save(OmegaConf.create(overrides), run_dir / rundir.OVERRIDES)
+        OmegaConf.save(cfg, run_dir / rundir.CONFIG)
         log = RunLog(run_dir, names, cfg)
         loss = 2.3 * np.exp(-np.arange(steps) / (steps / 4)) + rng.random(steps) * 0.05
         rows = rng.random((steps, len(names))).astype(np.float32)
         rows[:, 0] = loss
         log.steps(np.arange(1, steps + 1), rows, {"loss/val": 0.5, "accuracy/val": 0.9})
         log.close(steps, {"loss": float(loss[-1])})
-        write_json(run_dir / "summary.json", {"status": "completed", "steps": steps,
+        write_json(run_dir / rundir.SUMMARY, {"status": rundir.COMPLETED, "steps": steps,
                                               "config": OmegaConf.to_container(cfg),
                                               "overrides": overrides})
 
@@ -296,7 +297,7 @@ def determinism_cost(steps: int, repeats: int) -> dict[str, float]:
                             f"trainer.eval_every={steps}", "trainer.checkpoint_every=0", *EXTRA,
                             f"deterministic={str(deterministic).lower()}",
                             f"hydra.run.dir={run_dir}/run"], check=True, capture_output=True)
-            return json.loads((Path(run_dir) / "run" / "summary.json").read_text())[
+            return json.loads((Path(run_dir) / "run" / rundir.SUMMARY).read_text())[
                 "steps_per_s"]
 
     speeds = side_by_side({"deterministic": lambda: run(True),

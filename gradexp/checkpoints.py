@@ -17,8 +17,7 @@ import signal
 from pathlib import Path
 
 from gradexp._tf import tf
-
-DIRECTORY = "checkpoints"
+from gradexp.rundir import CHECKPOINTS
 
 
 class RunState:
@@ -28,7 +27,7 @@ class RunState:
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
                                               clipping=list(clipping_state))
         self.manager = tf.train.CheckpointManager(
-            self.checkpoint, str(run_dir / DIRECTORY), max_to_keep=1, checkpoint_name="step")
+            self.checkpoint, str(run_dir / CHECKPOINTS), max_to_keep=1, checkpoint_name="step")
 
     def save(self, step: int) -> None:
         if self.saved_step() != step:

@@ -20,7 +20,7 @@ from gradexp.config.dataset import DatasetConfig
 from gradexp.config.model import ModelConfig
 from gradexp.config.optimizer import OptimizerConfig
 from gradexp.config.root import Config
-from gradexp.rundir import NotResumable
+from gradexp.rundir import HYDRA, NotResumable
 
 GROUPS = (ModelConfig, DatasetConfig, OptimizerConfig, ClippingConfig)  # their OPTIONS registries
 
@@ -44,7 +44,7 @@ def _run_dir(resume: str | None, new_dir: str) -> str:
 
 def _hydra_subdir(resume: str | None) -> str:
     """A resumed run keeps its .hydra/ files; the resuming command's go beside them."""
-    return ".hydra" if not resume else f".hydra/resumed-{datetime.now():%Y-%m-%d_%H-%M-%S}"
+    return HYDRA if not resume else f"{HYDRA}/resumed-{datetime.now():%Y-%m-%d_%H-%M-%S}"
 
 
 OmegaConf.register_new_resolver("gradexp.run_dir", _run_dir, replace=True)
