@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from omegaconf import MISSING
 
-from gradexp.config.base import Choice, Registry, at_least, check_positive, need
+from gradexp.config.base import Choice, Registry, at_least, check_positive, finite, need
 
 
 @dataclass
@@ -55,8 +55,8 @@ class GlobalNormClippingConfig(ClippingConfig):
     max_norm: float | None = MISSING
 
     def check(self) -> None:
-        if self.max_norm is not None:
-            check_positive("max_norm", self.max_norm)
+        need(self.max_norm is None or (finite(self.max_norm) and self.max_norm > 0), "max_norm",
+             self.max_norm, "must be a positive number, or null (never clips)")
 
 
 @dataclass
