@@ -1,9 +1,11 @@
 """Datasets (arrays in memory) and their tf.data pipelines.
 
 Each loader, registered by `@loader(name)` under its schema's name (gradexp/config/dataset.py),
-returns (x, y, num_classes); num_classes None means regression (y is a float per
-example, the model has one output). `synthetic`, `adding` and `teacher` are generated from
-`dataset.seed`, `digits` ships inside the scikit-learn wheel, and `mnist`, `fashion_mnist`,
+returns (x, y, num_classes), which `load` splits; num_classes None means regression (y is a
+float per example, the model has one output). A dataset that comes with its own split
+(`mnist1d`) returns `Arrays` instead, which `load` keeps as they are. `synthetic`, `adding`
+and `teacher` are generated from `dataset.seed`, `mnist1d` by the mnist1d package,
+`digits` ships inside the scikit-learn wheel, and `mnist`, `fashion_mnist`,
 `cifar10` are keras.datasets files, read from `dataset.cache_dir` (downloaded there when
 missing, if the network allows). The split into training and validation depends on
 `dataset.seed` only, so runs that differ in `seed` see the same data in a different order.
@@ -12,7 +14,9 @@ missing, if the network allows). The split into training and validation depends 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import random
 import socket
 import sys
 from collections.abc import Callable
@@ -58,6 +62,39 @@ def digits(d: DictConfig) -> tuple[np.ndarray, np.ndarray, int]:
     bunch = load_digits()
     x = (bunch.images / 16.0).astype(np.float32)[..., None]
     return x, bunch.target.astype(np.int32), 10
+
+
+@loader("mnist1d")
+def mnist1d(d: DictConfig) -> Arrays:
+    """MNIST-1D (Greydanus 2020) as the `mnist1d` package generates it: `make_dataset` with its
+    published arguments (`get_dataset_args()`: 5000 sequences of 40 steps, 10 classes), `seed`
+    replaced by `d.seed` (42: the published set). Examples (40, 1): 40 steps of 1 feature.
+    The package's own split: its 4000 training sequences train, its 1000 test ones validate."""
+    generated = mnist1d_generated(d.seed)
+
+    def part(x, y):
+        return x.astype(np.float32)[..., None], y.astype(np.int32)  # copies: the cache stays
+
+    return Arrays(*part(generated["x"], generated["y"]),
+                  *part(generated["x_test"], generated["y_test"]), num_classes=10)
+
+
+@functools.lru_cache(maxsize=1)
+def mnist1d_generated(seed: int) -> dict:
+    """`mnist1d.data.make_dataset` of the package's default arguments with `seed` (~3 s, plus
+    ~2 s to import the package, which imports matplotlib; cached for the process). It seeds
+    and draws from the global `random` and `np.random` generators: their states are put back,
+    so the runs' own NumPy draws (initialisers seeded from `seed`) stay as they were."""
+    from mnist1d.data import get_dataset_args, make_dataset  # never get_dataset: it downloads
+
+    args = get_dataset_args()
+    args.seed = seed
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        return make_dataset(args)
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 # ------------------------------------------------------------------- generated, can stream
@@ -253,7 +290,8 @@ def keras_download_name(fname: str, extract: bool) -> str:
 
 
 def load(d: DictConfig) -> Arrays:
-    """The dataset of `cfg.dataset`, split into training and validation by `d.seed`; with
+    """The dataset of `cfg.dataset`, split into training and validation by `d.seed` (unless its
+    loader returns its own split, as `Arrays`); with
     `d.stream`, all of it held out and the training examples drawn fresh at every step from
     numpy's generator seeded by (run seed, dataset seed, step): a function of those alone, so a
     resumed run draws exactly the examples an uninterrupted one would."""
@@ -264,7 +302,10 @@ def load(d: DictConfig) -> Arrays:
             return sample(np.random.default_rng([seed, d.seed, step]), n)
 
         return Arrays(x[:0], y[:0], x, y, d.get("num_classes"), stream)
-    x, y, num_classes = LOADERS[d.name](d)
+    loaded = LOADERS[d.name](d)
+    if isinstance(loaded, Arrays):  # the dataset's own split
+        return loaded
+    x, y, num_classes = loaded
     order = np.random.default_rng(d.seed).permutation(len(x))
     n_val = max(1, int(round(len(x) * d.val_fraction)))
     val, train = order[:n_val], order[n_val:]

@@ -52,12 +52,15 @@ def mlp(m: DictConfig, x, num_outputs: int, tap: Tap):
 
 @model("cnn")
 def cnn(m: DictConfig, x, num_outputs: int, tap: Tap):
+    """Images (H, W, C): 2-D convolutions; sequences (T, F): 1-D ones, along T (MNIST-1D)."""
+    image = len(x.shape) == 4
+    conv = keras.layers.Conv2D if image else keras.layers.Conv1D
+    pool = keras.layers.MaxPooling2D if image else keras.layers.MaxPooling1D
     for i in range(1, m.blocks + 1):
-        x = keras.layers.Conv2D(m.filters * 2 ** (i - 1), m.kernel_size, padding="same",
-                                activation=m.activation, kernel_initializer=m.initializer,
-                                name=f"conv_{i}")(x)
+        x = conv(m.filters * 2 ** (i - 1), m.kernel_size, padding="same",
+                 activation=m.activation, kernel_initializer=m.initializer, name=f"conv_{i}")(x)
         x = tap(f"conv_{i}", x)
-        x = keras.layers.MaxPooling2D(2, padding="same", name=f"pool_{i}")(x)  # 1×1 stays 1×1
+        x = pool(2, padding="same", name=f"pool_{i}")(x)  # 1×1 stays 1×1
     x = keras.layers.Flatten(name="flatten")(x)
     x = keras.layers.Dense(m.width, m.activation, kernel_initializer=m.initializer,
                            name="dense_1")(x)

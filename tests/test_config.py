@@ -15,8 +15,8 @@ BAD = [
     (["clip=abc"], "clip=abc", "Float"),
     (["layer.clip_min=1", "layer.clip_max=0"], "layer.clip_min=1", "must not exceed clip_max"),
     (["model=nosuch"], "model=nosuch", "choose one of cnn, mlp, rnn, transformer"),
-    (["model=cnn", "dataset=adding"], "model=cnn",
-     "needs image inputs (H, W, C); dataset=adding gives sequences (50, 2)"),
+    (["model=cnn", "dataset=teacher"], "model=cnn", "needs image inputs (H, W, C) or "
+     "sequences (T, F), convolved along T; dataset=teacher gives vectors (32,)"),
     (["layer.positions=[nosuch]"], "layer.positions=nosuch", "dense_1, dense_2, dense_3"),
     (["trainer.steps=0"], "trainer.steps=0", ">= 1"),
     (["trainer.stepz=5"], "trainer.stepz", "allowed: steps, batch_size"),

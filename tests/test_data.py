@@ -59,6 +59,36 @@ def test_teacher_targets_are_standardised_and_seeded(make_cfg):
     assert not np.allclose(y, data.teacher(other)[1])
 
 
+# ---------------------------------------------------------------------------------- mnist1d
+def test_mnist1d_is_the_packages_make_dataset_with_its_own_split(make_cfg):
+    from mnist1d.data import get_dataset_args, make_dataset
+    from omegaconf import OmegaConf
+
+    d = dataset(make_cfg, "mnist1d")
+    assert d.seed == 42 and "val_fraction" not in d  # the published set, the package's split
+    np.random.seed(5)
+    numpy_state = np.random.get_state()
+    a = data.load(d)
+    after = np.random.get_state()  # make_dataset reseeds the global generator: put back
+    np.testing.assert_array_equal(after[1], numpy_state[1])
+    assert after[2] == numpy_state[2]
+    assert (a.x_train.shape, a.x_val.shape) == ((4000, 40, 1), (1000, 40, 1))
+    assert (a.y_train.shape, a.y_val.shape) == ((4000,), (1000,))
+    assert a.x_train.dtype == a.x_val.dtype == np.float32
+    assert a.y_train.dtype == a.y_val.dtype == np.int32
+    assert a.num_classes == a.num_outputs == 10 and a.stream is None
+    assert a.input_shape == OmegaConf.to_object(d).input_shape() == (40, 1)
+    assert set(np.unique(a.y_train)) == set(np.unique(a.y_val)) == set(range(10))
+    direct = make_dataset(get_dataset_args())  # generated again, here: the same numbers
+    for ours, theirs in ((a.x_train[..., 0], direct["x"]), (a.x_val[..., 0], direct["x_test"]),
+                         (a.y_train, direct["y"]), (a.y_val, direct["y_test"])):
+        np.testing.assert_array_equal(ours, theirs.astype(ours.dtype))
+    data.mnist1d_generated.cache_clear()
+    b = data.load(d)  # generated anew: two loads are equal
+    for name in ("x_train", "y_train", "x_val", "y_val"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
 # ------------------------------------------------------------------------- keras.datasets
 # The files as Keras downloads them (keras/src/datasets/*.py), with a few examples each.
 LABELS = np.arange(10, dtype=np.uint8)

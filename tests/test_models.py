@@ -28,9 +28,9 @@ SMALL_DATASETS = {
 FEW_STEPS = ["trainer.steps=4", "trainer.log_every=2", "trainer.eval_every=4",
              "trainer.histogram_every=0", "trainer.batch_size=16", "clip=0.1"]
 REGRESSION = {"teacher", "adding"}
-TAKES = {"mlp": {"synthetic", "teacher", "adding", "digits"}, "cnn": {"digits"},
+TAKES = {"mlp": {"synthetic", "teacher", "adding", "digits"}, "cnn": {"adding", "digits"},
          "rnn": {"adding", "digits"}, "transformer": {"adding", "digits"}}
-NEEDS = {"cnn": "image inputs (H, W, C)",
+NEEDS = {"cnn": "image inputs (H, W, C) or sequences (T, F), convolved along T",
          "rnn": "sequence inputs (T, F) or images (H, W, C), read row by row",
          "transformer": "sequence inputs (T, F) or images (H, W, C), read row by row"}
 SHAPES = {"synthetic": "vectors (32,)", "teacher": "vectors (32,)", "adding": "sequences (12, 2)"}

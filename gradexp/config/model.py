@@ -67,7 +67,8 @@ class MLPConfig(ModelConfig):
 @dataclass
 class CNNConfig(ModelConfig):
     """`blocks` × [Conv2D of filters·2^(i-1) (kernel_size², same padding) → activation → 2×2
-    max-pool], then one Dense layer of `width` units, then the output layer."""
+    max-pool], then one Dense layer of `width` units, then the output layer. Sequences (T, F)
+    get the same blocks in 1-D (Conv1D of kernel_size along T, max-pool by 2)."""
 
     name: str = "cnn"
     blocks: int = MISSING
@@ -76,8 +77,8 @@ class CNNConfig(ModelConfig):
     width: int = MISSING
     activation: str = MISSING
     initializer: str = MISSING
-    INPUTS: ClassVar[tuple[str, ...]] = (IMAGES,)
-    NEEDS: ClassVar[str] = "image inputs (H, W, C)"
+    INPUTS: ClassVar[tuple[str, ...]] = (IMAGES, SEQUENCES)
+    NEEDS: ClassVar[str] = "image inputs (H, W, C) or sequences (T, F), convolved along T"
 
     def positions(self) -> list[str]:
         return [f"conv_{i}" for i in range(1, self.blocks + 1)] + ["dense_1"]
