@@ -87,9 +87,12 @@ def rnn(m: DictConfig, x, num_outputs: int, tap: Tap):
         state_clip = tap.layer(f"rnn_{i}_state")
         if state_clip is not None:
             cell = ClippedStateCell(cell, state_clip, name=f"rnn_{i}_clipped_cell")
-        x = keras.layers.RNN(cell, return_sequences=i < m.layers, name=f"rnn_{i}",
+        every_step = i < m.layers or m.readout == "all"
+        x = keras.layers.RNN(cell, return_sequences=every_step, name=f"rnn_{i}",
                              unroll=m.unroll)(x)
         x = tap(f"rnn_{i}", x)
+    if m.readout == "all":
+        x = keras.layers.Flatten(name="flatten")(x)
     return keras.layers.Dense(num_outputs, name=HEAD,
                               kernel_initializer=small if pascanu else "glorot_uniform")(x)
 

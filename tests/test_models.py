@@ -224,3 +224,23 @@ def test_pascanu_initialisation_is_sparse_with_the_spectral_radius_asked(make_cf
     assert np.max(np.abs(np.linalg.eigvals(w))) == pytest.approx(0.95, rel=1e-5)
     for kernel in (np.asarray(cell.kernel), np.asarray(model.get_layer("head").kernel)):
         assert 0.005 < kernel.std() < 0.02  # N(0, 0.01²), not Glorot's ~0.3
+
+
+def test_rnn_readout_all_feeds_every_step_to_the_head(make_cfg):
+    """model.readout=all (MNIST-1D's GRU): the head reads the outputs of all T steps, flattened;
+    its logits equal head(flatten(h_1..h_T)) computed from the RNN's own sequence."""
+    from gradexp._tf import keras
+
+    cfg = make_cfg("model=rnn", "model.cell=gru", "model.units=6", "model.readout=all",
+                   "dataset=adding", "dataset.length=7", "layer.positions=[rnn_1]", "clip=0.1")
+    keras.utils.set_random_seed(0)
+    model = models.build(cfg.model, config.clip_spec(cfg), (7, 2), 3)
+    head = model.get_layer("head")
+    assert head.kernel.shape == (7 * 6, 3)
+    x = np.random.default_rng(0).normal(size=(4, 7, 2)).astype("float32")
+    states = model.get_layer("rnn_1")(x)  # (4, 7, 6): every step
+    by_hand = states.numpy().reshape(4, -1) @ head.kernel.numpy() + head.bias.numpy()
+    np.testing.assert_allclose(model(x).numpy(), by_hand, rtol=1e-5, atol=1e-6)
+    last = models.build(make_cfg("model=rnn", "model.cell=gru", "model.units=6",
+                                 "dataset=adding").model, config.clip_spec(cfg), (7, 2), 3)
+    assert last.get_layer("head").kernel.shape == (6, 3)  # readout=last: the final state only

@@ -91,8 +91,10 @@ class CNNConfig(ModelConfig):
 
 @dataclass
 class RNNConfig(ModelConfig):
-    """`layers` stacked recurrent layers of `units` (`cell`: simple | lstm | gru); the last one's
-    final output goes to the output layer. Images are read row by row (H steps of W·C features).
+    """`layers` stacked recurrent layers of `units` (`cell`: simple | lstm | gru); the output
+    layer reads the last one's final output (`readout: last`) or its outputs at every step,
+    flattened (`readout: all`, MNIST-1D's GRU). Images are read row by row (H steps of W·C
+    features).
 
     Positions of layer i: `rnn_<i>_state`, inside the recurrence (the hidden state h_t, at every
     time step: backpropagation through time is clipped step by step), then `rnn_<i>`, the
@@ -109,8 +111,10 @@ class RNNConfig(ModelConfig):
     activation: str = MISSING  # of the state (simple) or the candidate (lstm, gru)
     recurrent_gain: float = MISSING
     init: str = "keras"
+    readout: str = "last"
     unroll: bool = False  # XLA gets the T steps written out: ~1.3x the steps/s at T = 50
     INITS: ClassVar[tuple[str, ...]] = ("keras", "pascanu2013")
+    READOUTS: ClassVar[tuple[str, ...]] = ("last", "all")
     INPUTS: ClassVar[tuple[str, ...]] = (SEQUENCES, IMAGES)
     NEEDS: ClassVar[str] = "sequence inputs (T, F) or images (H, W, C), read row by row"
 
@@ -124,6 +128,7 @@ class RNNConfig(ModelConfig):
         need(finite(self.recurrent_gain) and self.recurrent_gain > 0, "recurrent_gain",
              self.recurrent_gain, "must be a positive number")
         one_of("init", self.init, self.INITS)
+        one_of("readout", self.readout, self.READOUTS)
 
 
 @dataclass
