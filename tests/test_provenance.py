@@ -1,13 +1,17 @@
 """provenance.json: the code's commit and state (on temporary git repositories), the installed
-packages and a resume's record."""
+packages, a resume's record, and a real sweep run from a dirty copy of the code."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
+from conftest import REPO
 from gradexp import provenance
 
 GIT_ID = ["-c", "user.name=test", "-c", "user.email=test@example.com", "-c",
@@ -95,3 +99,43 @@ def test_installed_packages_are_importlib_metadata_s_versions():
     names = {d.metadata["Name"] for d in importlib.metadata.distributions()}
     assert set(packages) == names
 
+
+def test_a_sweep_from_a_dirty_checkout_records_its_commit_and_diff_in_every_run(tmp_path):
+    """The code's checkout, not the working directory: a copy of gradexp/ and conf/ in a fresh
+    repository, a line changed after its commit, a 2-run sweep launched from elsewhere. Every
+    run records that commit and the diff; summarize warns about the dirty tree."""
+    code = tmp_path / "code"
+    for part in ("gradexp", "conf"):
+        shutil.copytree(REPO / part, code / part, ignore=shutil.ignore_patterns("__pycache__"))
+    git(code, "init", "-q")
+    git(code, "add", ".")
+    git(code, "commit", "-q", "-m", "a copy")
+    with open(code / "gradexp" / "measures.py", "a") as f:
+        f.write("# a change not committed\n")
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    user = tmp_path / "user"
+    user.mkdir()
+    tiny = ["trainer.jit_compile=false", "trainer.steps=10", "trainer.log_every=10",
+            "trainer.eval_every=10", "trainer.histogram_every=0", "model.width=8"]
+    result = subprocess.run([sys.executable, "-m", "gradexp.train", "-m", "seed=0,1", *tiny],
+                            cwd=user, env=env, text=True, capture_output=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    (sweep_dir,) = (user / "outputs" / "multirun").glob("*/*")
+    run_dirs = sorted(d for d in sweep_dir.iterdir() if (d / ".hydra").is_dir())
+    assert [d.name for d in run_dirs] == ["0", "1"]
+    for run_dir in run_dirs:
+        record = json.loads((run_dir / "provenance.json").read_text())
+        assert record["code"]["path"] == str(code / "gradexp")  # the copy ran, not REPO
+        assert record["code"]["commit"] == git(code, "rev-parse", "HEAD")
+        assert record["code"]["dirty"] is True and record["code"]["diff"] == "provenance.diff"
+        assert "+# a change not committed" in (run_dir / "provenance.diff").read_text()
+        assert record["versions"]["tensorflow"] == importlib.metadata.version("tensorflow")
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert record["devices"]["description"] == summary["device"]
+        assert record["devices"]["replicas"] and record["resumes"] == []
+    summarized = subprocess.run([sys.executable, "-m", "gradexp.summarize", str(sweep_dir)],
+                                cwd=user, env=env, text=True, capture_output=True, timeout=120)
+    assert summarized.returncode == 0, summarized.stderr
+    assert summarized.stderr.startswith("warning: 2 runs from 1 commit")
+    assert "2 from a dirty tree (1 distinct diff" in summarized.stderr
