@@ -66,6 +66,28 @@ def strategy(name: str):
     return tf.distribute.MirroredStrategy(devices)
 
 
+def describe(where: str, strategy_name: str, strategy) -> dict:
+    """The devices a run uses, for its provenance (after `prepare_process` and `strategy`):
+    `configure`'s description, the strategy's replica devices (the default strategy places
+    ops on the first visible GPU, else the CPU), every visible logical device, and the
+    physical ones with what TensorFlow knows of them (a GPU's name, compute capability)."""
+    from gradexp._tf import tf
+
+    visible = [d.name for d in tf.config.list_logical_devices()]
+    if strategy_name == "none":
+        replicas = [d.name for d in (tf.config.list_logical_devices("GPU")
+                                     or tf.config.list_logical_devices("CPU"))[:1]]
+    else:
+        replicas = list(strategy.extended.worker_devices)
+    physical = []
+    for device in tf.config.list_physical_devices():
+        details = tf.config.experimental.get_device_details(device) if (
+            device.device_type == "GPU") else {}
+        physical.append({"name": device.name, "type": device.device_type, **details})
+    return {"description": where, "strategy": strategy_name, "replicas": replicas,
+            "visible": visible, "physical": physical}
+
+
 def prepare_process(device: str, policy: str, seed: int, deterministic: bool) -> str:
     """Everything a run sets in its process before building a model, reset every run (a
     reused worker keeps the last run's state): op determinism, devices, a fresh Keras session,

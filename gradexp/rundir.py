@@ -8,6 +8,9 @@ Every name a run writes or reads is spelled here, and nowhere else:
       metrics.csv                            one row per step
       events.out.tfevents.*                  TensorBoard
       checkpoints/                           the latest training state (resume)
+      provenance.json                        code version, packages, devices (gradexp.provenance)
+      provenance.diff                        `git diff HEAD` when the code's tree was dirty
+      provenance.resume-<n>.diff             the same, for the n-th resume
 
 A run's status is one of STATUSES; `running` until it ends (a killed run stays `running`, and
 `still_running` tells it from a live one). Whether a run may be resumed is decided here too.
@@ -32,12 +35,19 @@ HYDRA = ".hydra"
 OVERRIDES = f"{HYDRA}/overrides.yaml"
 CONFIG = f"{HYDRA}/config.yaml"
 EVENTS_GLOB = "events.out.tfevents.*"
+PROVENANCE = "provenance.json"
+PROVENANCE_DIFF = "provenance.diff"
 
 RUNNING, COMPLETED, DIVERGED, INTERRUPTED, FAILED = (
     "running", "completed", "diverged", "interrupted", "failed")
 STATUSES = (RUNNING, COMPLETED, DIVERGED, INTERRUPTED, FAILED)
 FINISHED = (COMPLETED, DIVERGED)  # a run that reached its end: its figures are final
 RESUMABLE = (INTERRUPTED, RUNNING)  # asked to stop, or killed
+
+
+def resume_diff(n: int) -> str:
+    """The diff file of the run's n-th resume (1, 2, ...) from a dirty tree."""
+    return f"provenance.resume-{n}.diff"
 
 
 class NotResumable(ValueError):

@@ -30,7 +30,7 @@ from gradexp.analysis.reports import (
     markdown_report,
     max_stable_table,
 )
-from gradexp.analysis.runs import load_runs
+from gradexp.analysis.runs import code_versions_warning, load_runs
 
 DEFAULT_BASELINE = {"clip": "null", "clipping": "none"}
 
@@ -124,6 +124,9 @@ def _main(args: argparse.Namespace) -> int:
     runs, skipped = load_runs(root)
     for name, reason in skipped:
         print(f"skipped {name}: {reason}")
+    mixed = code_versions_warning(runs)
+    if mixed:
+        print(mixed, file=sys.stderr)
     if not any(run.metrics is not None for run in runs):
         raise UsageError(f"{root}: no readable runs"
                          + (f" ({len(skipped)} skipped)" if skipped else ""))

@@ -2,8 +2,8 @@
 
 `-m` makes a sweep (`python -m gradexp.train -m clip=null,0.1 seed=0,1,2`); `--help` lists the
 config groups and keys. The file reads top to bottom: the entry point, `train` (a recipe:
-process, data, the compiled step of gradexp/step.py, state, loop, summary), the loop, then its
-small helpers.
+provenance, process, data, the compiled step of gradexp/step.py, state, loop, summary), the
+loop, then its small helpers.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from gradexp import config, rundir
+from gradexp import config, provenance, rundir
 from gradexp.measures import divergence_step, final_loss, succeeded, success_step
 from gradexp.rundir import write_json
 
@@ -77,7 +77,8 @@ def main() -> None:
 
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: bool = False) -> dict:
     """Train as `cfg` says, writing into `run_dir` (resume: from its latest checkpoint);
-    return the run's summary. A recipe: process, data, compiled step, state, loop, summary."""
+    return the run's summary. A recipe: provenance, process, data, compiled step, state, loop,
+    summary."""
     from gradexp import data, devices
     from gradexp.checkpoints import RunState
     from gradexp.logs import RunLog
@@ -87,8 +88,11 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     write_json(run_dir / rundir.SUMMARY, {
         "status": rundir.RUNNING, "overrides": list(overrides), "host": socket.gethostname(),
         "pid": os.getpid(), "config": OmegaConf.to_container(cfg)})
+    # the code and package versions first: even a run that fails at once keeps them
+    record = provenance.record(run_dir, resume=resume)
     where = devices.prepare_process(cfg.device, cfg.precision, cfg.seed, cfg.deterministic)
     strategy = devices.strategy(cfg.strategy)
+    provenance.add_devices(run_dir, record, devices.describe(where, cfg.strategy, strategy))
     arrays = data.load(cfg.dataset)
     compiled = compile_step(cfg, arrays, strategy)
     state = RunState(run_dir, compiled.model, compiled.optimizer, compiled.clipper.state_variables)

@@ -19,9 +19,10 @@ def _field(value) -> str:
 
 
 def write_run(run_dir, overrides, losses, *, norms=None, fractions=None, val=None,
-              status="completed", summary=None, config=None, columns=None):
+              status="completed", summary=None, config=None, columns=None, provenance=None):
     """A run directory as gradexp.train leaves it: .hydra/, metrics.csv, summary.json;
-    `columns`: more per-step columns, {name: values}."""
+    `columns`: more per-step columns, {name: values}; `provenance`: provenance.json's
+    contents (none is written without it, as by a run older than provenance)."""
     cfg = {"clip": None, "seed": 0, "model": {"name": "mlp", "width": 16},
            "clipping": {"name": "none"}, "layer": {"scale": 1.0},
            "trainer": {"steps": len(losses), "divergence_factor": 1000.0}}
@@ -60,7 +61,18 @@ def write_run(run_dir, overrides, losses, *, norms=None, fractions=None, val=Non
     (run_dir / "summary.json").write_text(json.dumps({
         "status": status, "diverged": status == "diverged", "diverged_step": None, "steps": n,
         "config": cfg, "overrides": list(overrides), **(summary or {})}))
+    if provenance is not None:
+        (run_dir / "provenance.json").write_text(json.dumps(provenance))
     return run_dir
+
+
+def code_record(commit, dirty=False, diff=None, resumes=()):
+    """provenance.json reduced to what the summary reads: the code's commit and state."""
+    def entry(commit, dirty, diff):
+        return {"code": {"commit": commit, "dirty": dirty,
+                         "diff": "provenance.diff" if dirty else None, "diff_sha256": diff}}
+
+    return {**entry(commit, dirty, diff), "resumes": [entry(*r) for r in resumes]}
 
 
 def ending_at(final: float, n: int = 10) -> list[float]:

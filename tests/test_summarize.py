@@ -8,7 +8,7 @@ import sys
 
 import pandas as pd
 import pytest
-from fake_runs import ending_at, two_sweeps, write_run
+from fake_runs import code_record, ending_at, two_sweeps, write_run
 
 from conftest import REPO, gradexp
 from gradexp import summarize as S
@@ -151,3 +151,51 @@ def test_bad_inputs_are_skipped_with_a_reason_never_a_traceback(tmp_path):
     result = summarize_cli(single, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (single / "summary.csv").exists()
+
+
+A, B = "a" * 40, "b" * 40  # two commits
+
+
+def test_summarize_warns_in_one_line_when_runs_come_from_different_code(tmp_path, capsys):
+    """Two commits, a dirty tree, a run resumed on other code, a run without provenance.json:
+    one line on stderr says how many of each; the summary itself is unchanged (exit 0)."""
+    def sweep(name, records):
+        for seed, record in enumerate(records):
+            for clip in ("null", "0.1"):
+                write_run(tmp_path / name / f"{clip}_{seed}", [f"clip={clip}", f"seed={seed}"],
+                          ending_at(1.0), provenance=record)
+        return tmp_path / name
+
+    mixed = sweep("mixed", [code_record(A), code_record(B)])
+    assert S.main([str(mixed)]) == 0
+    out, err = capsys.readouterr()
+    assert err == "warning: 4 runs from 2 commits (2 at aaaaaaaaaa, 2 at bbbbbbbbbb)\n"
+    assert "Baseline" in out and "warning" not in out  # the table as without the warning
+    dirty = sweep("dirty", [code_record(A, dirty=True, diff="d1"), None])  # seed 1: unknown
+    assert S.main([str(dirty)]) == 0
+    assert capsys.readouterr().err == (
+        "warning: 4 runs from 1 commit (2 at aaaaaaaaaa); 2 from a dirty tree (1 distinct "
+        "diff, in the run directory's provenance.diff); 2 with no recorded commit\n")
+    resumed = sweep("resumed", [code_record(A, resumes=[(A, True, "d1"), (B, True, "d2")]),
+                                code_record(A)])
+    assert S.main([str(resumed)]) == 0
+    assert capsys.readouterr().err == (
+        "warning: 4 runs from 2 commits (4 at aaaaaaaaaa, 2 at bbbbbbbbbb); 2 from a dirty "
+        "tree (2 distinct diffs, in the run directory's provenance.diff)\n")
+
+
+def test_summarize_is_silent_when_runs_share_a_clean_commit_or_have_no_provenance(
+        tmp_path, capsys):
+    for seed in range(2):
+        for clip in ("null", "0.1"):
+            overrides = [f"clip={clip}", f"seed={seed}"]
+            write_run(tmp_path / "same" / f"{clip}_{seed}", overrides, ending_at(1.0),
+                      provenance=code_record(A, resumes=[(A, False, None)]))
+            write_run(tmp_path / "older" / f"{clip}_{seed}", overrides, ending_at(1.0),
+                      provenance=code_record(None) if seed else None)  # wheel; older run
+    corrupt = tmp_path / "older" / "0.1_0" / "provenance.json"
+    corrupt.write_text("{cut")  # unreadable: unknown, never a reason to skip the run
+    for folder in ("same", "older"):
+        assert S.main([str(tmp_path / folder)]) == 0
+        out, err = capsys.readouterr()
+        assert err == "" and "skipped" not in out, folder

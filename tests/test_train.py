@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import numpy as np
 import pandas as pd
@@ -10,7 +11,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from conftest import QUICK, gradexp
+from conftest import QUICK, REPO, gradexp
 from gradexp.analysis.metrics import run_metrics
 from gradexp.analysis.runs import read_metrics
 from gradexp.train import train
@@ -57,6 +58,33 @@ def test_cli_run_leaves_a_complete_run_directory(clipped_run):
     assert sum(line.startswith("step ") for line in lines) == 3
     assert lines[-1].startswith("completed: final loss") and str(run_dir) in lines[-1]
     assert result.stderr == ""  # no TensorFlow start-up noise
+
+
+def test_the_run_records_its_code_packages_and_devices(clipped_run):
+    """provenance.json: this checkout's commit, its state (the diff beside it when tracked
+    files differ from the commit), the versions and packages, the devices of summary.json."""
+    run_dir, _ = clipped_run
+    record = json.loads((run_dir / "provenance.json").read_text())
+    assert {"recorded_at", "host", "code", "python", "platform", "cpu", "environment",
+            "versions", "packages", "devices", "resumes"} <= set(record)
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                              check=True).stdout
+
+    code = record["code"]
+    assert code["commit"] == git("rev-parse", "HEAD").strip() and code["error"] is None
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
+    assert code["dirty"] is dirty and (run_dir / "provenance.diff").exists() is dirty
+    assert set(record["versions"]) == {"python", "tensorflow", "keras", "hydra", "numpy",
+                                       "gradexp"}
+    assert record["versions"]["keras"] == record["packages"]["keras"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    devices = record["devices"]
+    assert devices["description"] == summary["device"] and devices["strategy"] == "none"
+    assert devices["replicas"] in (["/device:CPU:0"], ["/device:GPU:0"])
+    assert set(devices["replicas"]) <= set(devices["visible"])
+    assert record["resumes"] == []
 
 
 def test_tensorboard_reads_every_tag_and_pre_post_differ_when_clipped(clipped_run):

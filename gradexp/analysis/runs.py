@@ -1,6 +1,7 @@
 """Finding and reading run directories: every run under a folder (`load_runs`), one run
-(`read_run`: its overrides, config, summary.json, status and per-step table), or an `Unreadable`
-with the reason it is left out. The names inside a run directory are gradexp.rundir's.
+(`read_run`: its overrides, config, summary.json, status, per-step table and provenance), or an
+`Unreadable` with the reason it is left out; whether runs come from different code
+(`code_versions_warning`). The names inside a run directory are gradexp.rundir's.
 TensorFlow loads only to read the event files of a run without metrics.csv (`read_events`).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ class Run:
     summary: dict[str, Any]
     status: str  # one of rundir.STATUSES, or UNKNOWN (no summary.json)
     metrics: pd.DataFrame | None = field(default=None, repr=False)
+    provenance: dict[str, Any] | None = field(default=None, repr=False)  # None: unknown
 
 
 class Unreadable(Exception):
@@ -79,15 +82,16 @@ def read_run(run_dir: Path, name: str = ".") -> Run:
     if not config and (run_dir / rundir.CONFIG).exists():  # a run that wrote no summary
         config = _read_yaml(run_dir / rundir.CONFIG, dict)
     status = summary.get("status", UNKNOWN)
+    provenance = read_provenance(run_dir / rundir.PROVENANCE)
     if status == rundir.FAILED:
-        return Run(name, overrides, config, summary, status)
+        return Run(name, overrides, config, summary, status, provenance=provenance)
     if (run_dir / rundir.METRICS).exists():
         # a killed run may have died while writing a row: drop that row, keep the rest
         metrics = read_metrics(run_dir / rundir.METRICS,
                                partial_last_row=status in (rundir.RUNNING, UNKNOWN))
     else:
         metrics = read_events(run_dir)
-    return Run(name, overrides, config, summary, status, metrics)
+    return Run(name, overrides, config, summary, status, metrics, provenance)
 
 
 def _read_yaml(path: Path, kind: type) -> Any:
@@ -114,6 +118,52 @@ def read_summary(path: Path) -> dict[str, Any]:
     if not isinstance(summary, dict):
         raise Unreadable(f"{rundir.SUMMARY} is not a JSON object")
     return summary
+
+
+def read_provenance(path: Path) -> dict[str, Any] | None:
+    """provenance.json as a dict; None when absent or unreadable (a run older than it, or
+    killed while writing it): its code version is unknown, which is no reason to skip it."""
+    try:
+        provenance = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return provenance if isinstance(provenance, dict) else None
+
+
+def code_versions_warning(runs: list[Run]) -> str | None:
+    """One line when the runs come from more than one commit or any from a dirty tree, with
+    how many of each; None when they agree. A run resumed on other code counts under each of
+    its commits; runs without provenance are counted as unknown and never cause a warning."""
+    commits, dirty, diffs, unknown = Counter(), 0, set(), 0
+    for run in runs:
+        codes = _codes(run.provenance or {})
+        known = {c["commit"] for c in codes if c.get("commit")}
+        commits.update(known)
+        unknown += not known
+        if any(c.get("dirty") for c in codes):
+            dirty += 1
+            diffs.update(c["diff_sha256"] for c in codes if c.get("diff_sha256"))
+    if len(commits) < 2 and not dirty:
+        return None
+    counts = ", ".join(f"{n} at {commit[:10]}" for commit, n in commits.most_common())
+    parts = [f"{len(runs)} runs from {_count(len(commits), 'commit')} ({counts})"]
+    if dirty:
+        parts.append(f"{dirty} from a dirty tree ({_count(len(diffs), 'distinct diff')}, in "
+                     f"the run directory's {rundir.PROVENANCE_DIFF})")
+    if unknown:
+        parts.append(f"{unknown} with no recorded commit")
+    return "warning: " + "; ".join(parts)
+
+
+def _codes(provenance: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `code` records of a run's start and of each resume (gradexp.provenance)."""
+    resumes = provenance.get("resumes")
+    starts = [provenance, *(resumes if isinstance(resumes, list) else [])]
+    return [s["code"] for s in starts if isinstance(s, dict) and isinstance(s.get("code"), dict)]
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, str]:
