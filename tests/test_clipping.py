@@ -287,6 +287,138 @@ def test_zclip_matches_the_reference_code_step_by_step():
     assert clipped_steps == [28, 32, 33, 40, 47]
 
 
+# ------------------------------------------------------------ ZClip's options = the reference code
+NORMS_60 = NORMS + [1.31, 0.82, 9.00, 1.32, 0.81]  # 60 steps: one more spike, at step 57
+
+
+class ZClipUpstream:
+    """github.com/bluorion-com/ZClip zclip/zclip.py, class ZClip with all its options but
+    skip_update_on_spike: __init__'s checks, _compute_clip_val, _apply_clipping and step, the
+    same statements in the same order, in float64, on a list of gradients instead of a model.
+    (torch's clip_grad_norm_ in the warm-up and apply_in_place_clipping scale by bound / (norm +
+    1e-6); gradexp, and this transcription, scale to the bound exactly.) `step` also returns the
+    norm above which the step clips and the norms its decisions compared with."""
+
+    def __init__(self, alpha=0.97, z_thresh=2.5, max_grad_norm=1.0, eps=1e-6, warmup_steps=25,
+                 mode="zscore", clip_option="adaptive_scaling", clip_factor=1.0):
+        self.alpha, self.z_thresh, self.max_grad_norm = alpha, z_thresh, max_grad_norm
+        self.eps, self.warmup_steps, self.mode = eps, warmup_steps, mode.lower()
+        self.clip_factor = clip_factor
+        if self.mode == "zscore":
+            assert clip_option in ["mean", "adaptive_scaling"]
+            self.clip_option = clip_option.lower()
+        elif self.mode == "percentile":
+            self.clip_option = None  # clip_option is ignored in percentile mode
+        else:
+            raise ValueError("mode must be either 'zscore' or 'percentile'.")
+        self.buffer, self.initialized, self.mean, self.var = [], False, None, None
+
+    def _initialize_ema(self):
+        self.mean = sum(self.buffer) / len(self.buffer)
+        self.var = sum((x - self.mean) ** 2 for x in self.buffer) / len(self.buffer)
+        self.initialized, self.buffer = True, []
+
+    def _update_ema(self, grad_norm):
+        self.mean = self.alpha * self.mean + (1 - self.alpha) * grad_norm
+        self.var = self.alpha * self.var + (1 - self.alpha) * (grad_norm - self.mean) ** 2
+
+    def _compute_positive_zscore(self, grad_norm):
+        std = self.var**0.5
+        return (grad_norm - self.mean) / (std + self.eps), std
+
+    def _compute_clip_val(self, grad_norm):
+        std = self.var**0.5
+        if self.mode == "percentile":
+            threshold = self.mean + self.z_thresh * std
+            if grad_norm > threshold:
+                return threshold
+        elif self.mode == "zscore":
+            z, std = self._compute_positive_zscore(grad_norm)
+            if z > self.z_thresh:
+                if self.clip_option == "adaptive_scaling":
+                    eta = z / self.z_thresh
+                    threshold = self.mean + (self.z_thresh * std) / eta
+                    threshold = threshold * self.clip_factor
+                elif self.clip_option == "mean":
+                    threshold = self.mean
+                return threshold
+        return None
+
+    @staticmethod
+    def apply_in_place_clipping(grads, global_norm, max_global_norm):
+        clip_coef = (max_global_norm / global_norm) if global_norm > max_global_norm else 1.0
+        return ([g * clip_coef for g in grads] if clip_coef < 1.0 else grads), clip_coef < 1.0
+
+    def _apply_clipping(self, grads, clip_val, total_norm):
+        adaptive_clip = clip_val if clip_val is not None else total_norm
+        if self.max_grad_norm is not None:
+            effective_clip = min(adaptive_clip, self.max_grad_norm)
+        else:
+            effective_clip = adaptive_clip
+        return self.apply_in_place_clipping(grads, total_norm, effective_clip)
+
+    def step(self, grads):
+        total_norm = global_norm64(grads)
+        cap = np.inf if self.max_grad_norm is None else self.max_grad_norm
+        if not self.initialized:
+            self.buffer.append(total_norm)
+            if len(self.buffer) >= self.warmup_steps:
+                self._initialize_ema()
+            if self.max_grad_norm is not None:  # torch.nn.utils.clip_grad_norm_
+                grads, clipped = self.apply_in_place_clipping(grads, total_norm, cap)
+                return grads, cap, clipped, [cap]
+            return grads, np.inf, False, []
+        std = self.var**0.5  # the norm where _compute_clip_val starts returning a value:
+        margin = std if self.mode == "percentile" else std + self.eps
+        boundary = self.mean + self.z_thresh * margin
+        clip_val = self._compute_clip_val(total_norm)
+        grads, clipped = self._apply_clipping(grads, clip_val, total_norm)
+        self._update_ema(clip_val if clip_val is not None else total_norm)
+        return grads, min(boundary, cap), clipped, [e for e in (boundary, cap) if e < np.inf]
+
+
+ZCLIP_OPTIONS = {  # the options against their defaults, and the steps that clip
+    "clip_factor=0.7": ({"clip_factor": 0.7}, [28, 32, 33, 40, 47, 57]),
+    "clip_option=mean": ({"clip_option": "mean"}, [28, 32, 33, 40, 47, 57]),
+    # clipped to mean + 2.5 std, not below it, the spikes of 28-33 leave a larger std: 40 passes
+    "mode=percentile": ({"mode": "percentile"}, [28, 32, 33, 47, 57]),
+    "max_grad_norm=1.175": ({"max_grad_norm": 1.175}, [5, 8, 22, 28, 32, 33, 36, 37, 39, 40,
+                                                       41, 43, 44, 46, 47, 48, 50, 51, 52, 54,
+                                                       55, 57, 58]),
+    "mode=percentile max_grad_norm=3": ({"mode": "percentile", "max_grad_norm": 3.0},
+                                        [8, 28, 32, 33, 40, 47, 57]),  # 8, 40 by the cap
+}
+
+
+@pytest.mark.parametrize("option", ZCLIP_OPTIONS)
+def test_zclip_options_match_the_reference_code_step_by_step(option):
+    settings, expected_steps = ZCLIP_OPTIONS[option]
+    options = {"mode": "zscore", "clip_option": "adaptive_scaling", "clip_factor": 1.0,
+               "max_grad_norm": None, **settings}
+    alpha, z_threshold, warmup = 0.97, 2.5, 25
+    grads = [gradients_at(t, norm=norm) for t, norm in enumerate(NORMS_60)]
+    params = variables([np.zeros(s, np.float32) for s in SHAPES])
+    clipper = clipper_for("zclip", {"alpha": alpha, "z_threshold": z_threshold,
+                                    "warmup_steps": warmup, **options}, params)
+    reference = ZClipUpstream(alpha, z_threshold, warmup_steps=warmup, **options)
+    clipped_steps = []
+    for t, (g, (out, stats)) in enumerate(
+            zip(grads, run_compiled(clipper, params, grads), strict=True)):
+        expected, threshold, clipped, edges = reference.step(g)
+        norm = global_norm64(g)
+        assert all(abs(norm - edge) > 1e-4 * edge for edge in edges), t  # no coin flips
+        assert stats["clipped"] == float(clipped), t
+        assert stats["threshold"] == pytest.approx(threshold, rel=1e-5), t
+        assert stats["norm_before"] == pytest.approx(norm, rel=1e-6)
+        for a, b in zip(out, expected, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        if clipped:
+            clipped_steps.append(t)
+    np.testing.assert_allclose(clipper.state_variables[2].numpy(), reference.mean, rtol=1e-5)
+    np.testing.assert_allclose(clipper.state_variables[3].numpy(), reference.var, rtol=1e-4)
+    assert clipped_steps == expected_steps
+
+
 # ------------------------------------------------------------ properties of every method
 def spiky_steps(n=6):
     """Gradients for a few steps, the last one a spike: enough history for the adaptive methods."""
@@ -489,6 +621,19 @@ def test_the_default_is_no_clipping(make_cfg):
     (["clipping=autoclip", "clipping.history=0"], "clipping.history=0"),
     (["clipping=zclip", "clipping.alpha=1"], "clipping.alpha=1"),
     (["clipping=zclip", "clipping.warmup_steps=0"], "clipping.warmup_steps=0"),
+    (["clipping=zclip", "clipping.mode=minmax"], "clipping.mode=minmax"),
+    (["clipping=zclip", "clipping.clip_option=median"], "clipping.clip_option=median"),
+    (["clipping=zclip", "clipping.clip_factor=0"], "clipping.clip_factor=0"),
+    (["clipping=zclip", "clipping.clip_factor=1.5"], "clipping.clip_factor=1.5"),
+    (["clipping=zclip", "clipping.max_grad_norm=-1"], "clipping.max_grad_norm=-1"),
+    (["clipping=zclip", "clipping.max_grad_norm=nan"], "clipping.max_grad_norm=nan"),
+    # options the chosen mode ignores (in the reference) are refused
+    (["clipping=zclip", "clipping.mode=percentile", "clipping.clip_option=mean"],
+     "clipping.clip_option=mean"),
+    (["clipping=zclip", "clipping.mode=percentile", "clipping.clip_factor=0.7"],
+     "clipping.clip_factor=0.7"),
+    (["clipping=zclip", "clipping.clip_option=mean", "clipping.clip_factor=0.7"],
+     "clipping.clip_factor=0.7"),
 ])
 def test_bad_values_name_the_key(make_cfg, overrides, key):
     with pytest.raises(config.ConfigError) as error:

@@ -40,12 +40,20 @@ BAD = [
     (["layer.norm_axis=channel"], "layer.norm_axis=channel", "batch, example"),
     (["layer.max_norm=0"], "layer.max_norm=0.0", "positive number or null"),
     (["clipping=global_norm", "clipping.max_norm=-1"], "clipping.max_norm=-1.0", "positive"),
+    # the keys of zclip's options
+    (["clipping=zclip", "clipping.mode=minmax"], "clipping.mode=minmax", "zscore, percentile"),
+    (["clipping=zclip", "clipping.clip_option=median"], "clipping.clip_option=median",
+     "adaptive_scaling, mean"),
+    (["clipping=zclip", "clipping.clip_factor=2"], "clipping.clip_factor=2.0", "(0, 1]"),
+    (["clipping=zclip", "clipping.max_grad_norm=0"], "clipping.max_grad_norm=0.0", "positive"),
     (["trainer.eval_every=-5"], "trainer.eval_every=-5", ">= 1"),
     (["trainer.on_divergence=ignore"], "trainer.on_divergence=ignore", "stop, continue"),
     # contradictory settings
     (["strategy=mirrored", "trainer.on_divergence=continue"], "trainer.on_divergence=continue",
      "one device only"),
     (["model=cnn"], "model=cnn", "needs image inputs"),
+    (["clipping=zclip", "clipping.mode=percentile", "clipping.clip_factor=0.5"],
+     "clipping.clip_factor=0.5", "not used by mode=percentile"),
     # resume
     (["resume=/nonexistent"], "resume=/nonexistent", "not a gradexp run directory"),
     (["-m", "resume=/x"], "resume=/x", "not a sweep"),

@@ -106,7 +106,7 @@ class ZClipConfig(ClippingConfig):
     name: str = "zclip"
     alpha: float = MISSING  # EMA factor of the mean and variance of the norm
     z_threshold: float = MISSING
-    warmup_steps: int = MISSING  # norms collected to initialise the statistics; no clipping
+    warmup_steps: int = MISSING  # norms collected to initialise the statistics (only the cap)
     mode: str = MISSING  # zscore or percentile
     clip_option: str = MISSING  # mode zscore: adaptive_scaling or mean
     clip_factor: float = MISSING  # adaptive_scaling: the clipped norm's multiplier, in (0, 1]
@@ -126,7 +126,7 @@ class ZClipConfig(ClippingConfig):
         if self.mode == "percentile":
             need(self.clip_option == "adaptive_scaling", "clip_option", self.clip_option,
                  "not used by mode=percentile (leave it at adaptive_scaling)")
-        if self.mode == "percentile" or self.clip_option == "mean":
-            need(self.clip_factor == 1, "clip_factor", self.clip_factor,
-                 f"used only by mode=zscore with clip_option=adaptive_scaling, not with "
-                 f"mode={self.mode} clip_option={self.clip_option} (leave it at 1.0)")
+        unused_by = ("mode=percentile" if self.mode == "percentile"
+                     else "clip_option=mean" if self.clip_option == "mean" else None)
+        need(unused_by is None or self.clip_factor == 1, "clip_factor", self.clip_factor,
+             f"not used by {unused_by} (leave it at 1.0)")
