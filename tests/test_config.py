@@ -40,12 +40,17 @@ BAD = [
     (["layer.norm_axis=channel"], "layer.norm_axis=channel", "batch, example"),
     (["layer.max_norm=0"], "layer.max_norm=0.0", "positive number or null"),
     (["clipping=global_norm", "clipping.max_norm=-1"], "clipping.max_norm=-1.0", "positive"),
-    # the keys of zclip's options
+    # the keys of zclip's options and of adagc
     (["clipping=zclip", "clipping.mode=minmax"], "clipping.mode=minmax", "zscore, percentile"),
     (["clipping=zclip", "clipping.clip_option=median"], "clipping.clip_option=median",
      "adaptive_scaling, mean"),
     (["clipping=zclip", "clipping.clip_factor=2"], "clipping.clip_factor=2.0", "(0, 1]"),
     (["clipping=zclip", "clipping.max_grad_norm=0"], "clipping.max_grad_norm=0.0", "positive"),
+    (["clipping=adagc", "clipping.clip_ratio=-1"], "clipping.clip_ratio=-1.0", "positive"),
+    (["clipping=adagc", "clipping.beta=1"], "clipping.beta=1.0", "[0, 1)"),
+    (["clipping=adagc", "clipping.warmup_steps=-5"], "clipping.warmup_steps=-5", ">= 0"),
+    (["clipping=adagc", "clipping.warmup_max_norm=-1"], "clipping.warmup_max_norm=-1.0",
+     "positive number, or null"),
     (["trainer.eval_every=-5"], "trainer.eval_every=-5", ">= 1"),
     (["trainer.on_divergence=ignore"], "trainer.on_divergence=ignore", "stop, continue"),
     # contradictory settings

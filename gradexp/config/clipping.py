@@ -99,6 +99,26 @@ class AutoClipConfig(ClippingConfig):
 
 
 @dataclass
+class AdaGCConfig(ClippingConfig):
+    """Each tensor's norm clipped at clip_ratio times an EMA of its own clipped norms, after a
+    warm-up of global-norm clipping (Wang et al. 2025)."""
+
+    name: str = "adagc"
+    clip_ratio: float = MISSING  # lambda_rel: a tensor is clipped above clip_ratio * its EMA
+    beta: float = MISSING  # EMA factor of each tensor's clipped norm
+    warmup_steps: int = MISSING  # steps of global-norm clipping first (0: none)
+    warmup_max_norm: float | None = MISSING  # lambda_abs, the warm-up's bound; null: no clipping
+
+    def check(self) -> None:
+        check_positive("clip_ratio", self.clip_ratio)
+        need(finite(self.beta) and 0 <= self.beta < 1, "beta", self.beta, "must be in [0, 1)")
+        at_least(self, 0, "warmup_steps")
+        need(self.warmup_max_norm is None
+             or (finite(self.warmup_max_norm) and self.warmup_max_norm > 0), "warmup_max_norm",
+             self.warmup_max_norm, "must be a positive number, or null (no warm-up clipping)")
+
+
+@dataclass
 class ZClipConfig(ClippingConfig):
     """Global norm clipped when it is a spike against an EMA of past norms (z-score above
     z_threshold, or above mean + z_threshold * std in mode percentile), optionally capped."""
