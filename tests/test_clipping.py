@@ -27,11 +27,13 @@ ACTIVE = {
     "agc": {"factor": 0.05, "eps": 1e-3, "exclude_output": False},
     "autoclip": {"percentile": 10.0, "history": 100},
     "zclip": {"alpha": 0.97, "z_threshold": 2.5, "warmup_steps": 3},
+    "adagc": {"clip_ratio": 1.04, "beta": 0.99, "warmup_steps": 3, "warmup_max_norm": 1.0},
 }
 LOOSE = {**ACTIVE, "value": {"max_value": 1e30}, "norm": {"max_norm": 1e30},
          "global_norm": {"max_norm": 1e30}, "agc": {**ACTIVE["agc"], "factor": 1e30},
          "autoclip": {**ACTIVE["autoclip"], "percentile": 100.0},
-         "zclip": {**ACTIVE["zclip"], "z_threshold": 1e30}}
+         "zclip": {**ACTIVE["zclip"], "z_threshold": 1e30},
+         "adagc": {**ACTIVE["adagc"], "clip_ratio": 1e30, "warmup_max_norm": None}}
 STATELESS = ("none", "value", "norm", "global_norm", "agc")
 STATS = {"norm_before", "norm_after", "threshold", "clipped"}
 
@@ -287,6 +289,277 @@ def test_zclip_matches_the_reference_code_step_by_step():
     assert clipped_steps == [28, 32, 33, 40, 47]
 
 
+# ------------------------------------------------------------ ZClip's options = the reference code
+NORMS_60 = NORMS + [1.31, 0.82, 9.00, 1.32, 0.81]  # 60 steps: one more spike, at step 57
+
+
+class ZClipUpstream:
+    """github.com/bluorion-com/ZClip zclip/zclip.py, class ZClip with all its options but
+    skip_update_on_spike: __init__'s checks, _compute_clip_val, _apply_clipping and step, the
+    same statements in the same order, in float64, on a list of gradients instead of a model.
+    (torch's clip_grad_norm_ in the warm-up and apply_in_place_clipping scale by bound / (norm +
+    1e-6); gradexp, and this transcription, scale to the bound exactly.) `step` also returns the
+    norm above which the step clips and the norms its decisions compared with."""
+
+    def __init__(self, alpha=0.97, z_thresh=2.5, max_grad_norm=1.0, eps=1e-6, warmup_steps=25,
+                 mode="zscore", clip_option="adaptive_scaling", clip_factor=1.0):
+        self.alpha, self.z_thresh, self.max_grad_norm = alpha, z_thresh, max_grad_norm
+        self.eps, self.warmup_steps, self.mode = eps, warmup_steps, mode.lower()
+        self.clip_factor = clip_factor
+        if self.mode == "zscore":
+            assert clip_option in ["mean", "adaptive_scaling"]
+            self.clip_option = clip_option.lower()
+        elif self.mode == "percentile":
+            self.clip_option = None  # clip_option is ignored in percentile mode
+        else:
+            raise ValueError("mode must be either 'zscore' or 'percentile'.")
+        self.buffer, self.initialized, self.mean, self.var = [], False, None, None
+
+    def _initialize_ema(self):
+        self.mean = sum(self.buffer) / len(self.buffer)
+        self.var = sum((x - self.mean) ** 2 for x in self.buffer) / len(self.buffer)
+        self.initialized, self.buffer = True, []
+
+    def _update_ema(self, grad_norm):
+        self.mean = self.alpha * self.mean + (1 - self.alpha) * grad_norm
+        self.var = self.alpha * self.var + (1 - self.alpha) * (grad_norm - self.mean) ** 2
+
+    def _compute_positive_zscore(self, grad_norm):
+        std = self.var**0.5
+        return (grad_norm - self.mean) / (std + self.eps), std
+
+    def _compute_clip_val(self, grad_norm):
+        std = self.var**0.5
+        if self.mode == "percentile":
+            threshold = self.mean + self.z_thresh * std
+            if grad_norm > threshold:
+                return threshold
+        elif self.mode == "zscore":
+            z, std = self._compute_positive_zscore(grad_norm)
+            if z > self.z_thresh:
+                if self.clip_option == "adaptive_scaling":
+                    eta = z / self.z_thresh
+                    threshold = self.mean + (self.z_thresh * std) / eta
+                    threshold = threshold * self.clip_factor
+                elif self.clip_option == "mean":
+                    threshold = self.mean
+                return threshold
+        return None
+
+    @staticmethod
+    def apply_in_place_clipping(grads, global_norm, max_global_norm):
+        clip_coef = (max_global_norm / global_norm) if global_norm > max_global_norm else 1.0
+        return ([g * clip_coef for g in grads] if clip_coef < 1.0 else grads), clip_coef < 1.0
+
+    def _apply_clipping(self, grads, clip_val, total_norm):
+        adaptive_clip = clip_val if clip_val is not None else total_norm
+        if self.max_grad_norm is not None:
+            effective_clip = min(adaptive_clip, self.max_grad_norm)
+        else:
+            effective_clip = adaptive_clip
+        return self.apply_in_place_clipping(grads, total_norm, effective_clip)
+
+    def step(self, grads):
+        total_norm = global_norm64(grads)
+        cap = np.inf if self.max_grad_norm is None else self.max_grad_norm
+        if not self.initialized:
+            self.buffer.append(total_norm)
+            if len(self.buffer) >= self.warmup_steps:
+                self._initialize_ema()
+            if self.max_grad_norm is not None:  # torch.nn.utils.clip_grad_norm_
+                grads, clipped = self.apply_in_place_clipping(grads, total_norm, cap)
+                return grads, cap, clipped, [cap]
+            return grads, np.inf, False, []
+        std = self.var**0.5  # the norm where _compute_clip_val starts returning a value:
+        margin = std if self.mode == "percentile" else std + self.eps
+        boundary = self.mean + self.z_thresh * margin
+        clip_val = self._compute_clip_val(total_norm)
+        grads, clipped = self._apply_clipping(grads, clip_val, total_norm)
+        self._update_ema(clip_val if clip_val is not None else total_norm)
+        return grads, min(boundary, cap), clipped, [e for e in (boundary, cap) if e < np.inf]
+
+
+ZCLIP_OPTIONS = {  # the options against their defaults, and the steps that clip
+    "clip_factor=0.7": ({"clip_factor": 0.7}, [28, 32, 33, 40, 47, 57]),
+    "clip_option=mean": ({"clip_option": "mean"}, [28, 32, 33, 40, 47, 57]),
+    # clipped to mean + 2.5 std, not below it, the spikes of 28-33 leave a larger std: 40 passes
+    "mode=percentile": ({"mode": "percentile"}, [28, 32, 33, 47, 57]),
+    "max_grad_norm=1.175": ({"max_grad_norm": 1.175}, [5, 8, 22, 28, 32, 33, 36, 37, 39, 40,
+                                                       41, 43, 44, 46, 47, 48, 50, 51, 52, 54,
+                                                       55, 57, 58]),
+    "mode=percentile max_grad_norm=3": ({"mode": "percentile", "max_grad_norm": 3.0},
+                                        [8, 28, 32, 33, 40, 47, 57]),  # 8, 40 by the cap
+}
+
+
+@pytest.mark.parametrize("option", ZCLIP_OPTIONS)
+def test_zclip_options_match_the_reference_code_step_by_step(option):
+    settings, expected_steps = ZCLIP_OPTIONS[option]
+    options = {"mode": "zscore", "clip_option": "adaptive_scaling", "clip_factor": 1.0,
+               "max_grad_norm": None, **settings}
+    alpha, z_threshold, warmup = 0.97, 2.5, 25
+    grads = [gradients_at(t, norm=norm) for t, norm in enumerate(NORMS_60)]
+    params = variables([np.zeros(s, np.float32) for s in SHAPES])
+    clipper = clipper_for("zclip", {"alpha": alpha, "z_threshold": z_threshold,
+                                    "warmup_steps": warmup, **options}, params)
+    reference = ZClipUpstream(alpha, z_threshold, warmup_steps=warmup, **options)
+    clipped_steps = []
+    for t, (g, (out, stats)) in enumerate(
+            zip(grads, run_compiled(clipper, params, grads), strict=True)):
+        expected, threshold, clipped, edges = reference.step(g)
+        norm = global_norm64(g)
+        assert all(abs(norm - edge) > 1e-4 * edge for edge in edges), t  # no coin flips
+        assert stats["clipped"] == float(clipped), t
+        assert stats["threshold"] == pytest.approx(threshold, rel=1e-5), t
+        assert stats["norm_before"] == pytest.approx(norm, rel=1e-6)
+        for a, b in zip(out, expected, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        if clipped:
+            clipped_steps.append(t)
+    np.testing.assert_allclose(clipper.state_variables[2].numpy(), reference.mean, rtol=1e-5)
+    np.testing.assert_allclose(clipper.state_variables[3].numpy(), reference.var, rtol=1e-4)
+    assert clipped_steps == expected_steps
+
+
+# ------------------------------------------------------------ AdaGC = the authors' code
+def tensor_norms_at(step):
+    """Per-tensor norms of 3 tensors, each with its own spikes: a kernel (one spike in the
+    warm-up, lone and back-to-back ones after it), a bias whose norm drifts down (its spikes at
+    other steps, one shared), and a tensor without a gradient before step 15 (None)."""
+    kernel = 1 + 0.2 * np.sin(0.9 * step) + 0.1 * np.cos(2.3 * step)
+    kernel *= {5: 2.4, 18: 6.0, 30: 8.0, 31: 20.0, 44: 5.0}.get(step, 1.0)
+    bias = 0.3 * (1 + 0.15 * np.sin(1.3 * step + 1)) * (1 - 0.004 * step)
+    bias *= {24: 4.0, 37: 10.0, 44: 3.0, 52: 6.0}.get(step, 1.0)
+    late = 2 + 0.3 * np.sin(0.5 * step + 2) if step >= 15 else None
+    if late is not None:
+        late *= {20: 3.0, 50: 7.0}.get(step, 1.0)
+    return [kernel, bias, late]
+
+
+ADAGC_SHAPES = [(3, 2), (2,), (2, 2)]
+
+
+def adagc_gradients_at(step):
+    """float32 gradients with the norms of tensor_norms_at(step) (or None), turning."""
+    out = []
+    for i, (shape, norm) in enumerate(zip(ADAGC_SHAPES, tensor_norms_at(step), strict=True)):
+        if norm is None:
+            out.append(None)
+            continue
+        raw = pattern(step, shape, i)
+        out.append((raw * (norm / np.linalg.norm(raw))).astype(np.float32))
+    return out
+
+
+class AdaGCReference:
+    """github.com/lishuai-97/AdaGC megatron-gpt2.patch, megatron/optimizer/clip_grads.py, class
+    AdaGC, clip_by_norm with norm_type 2 on one rank: the same statements in the same order, in
+    float64, including its eps. Megatron's max_norm (--clip-grad) is `max_norm`; gradexp's null
+    is max_norm=inf. `step` also returns the norm bounds its decisions compared with."""
+
+    def __init__(self, clip_ratio=1.04, beta=0.99, eps=1.0e-6, start_clip_steps=100, max_norm=1.0):
+        assert 0 <= clip_ratio and 0 <= beta < 1 and 0 < eps and start_clip_steps >= 0
+        self.clip_ratio, self.beta, self.eps = clip_ratio, beta, eps
+        self.start_clip_steps, self.max_norm, self.steps = start_clip_steps, max_norm, 0
+        self.state = collections.defaultdict(dict)  # by tensor index
+
+    def step(self, grads):
+        self.steps += 1
+        grads = [None if g is None else np.asarray(g, np.float64) for g in grads]
+        total_norm = global_norm64([g for g in grads if g is not None])
+        if self.steps <= self.start_clip_steps:
+            clip_coeff = self.max_norm / (total_norm + self.eps)
+            if clip_coeff < 1.0:
+                grads = [None if g is None else g * clip_coeff for g in grads]
+            for i, g in enumerate(grads):
+                if g is None:
+                    continue
+                state = self.state[i]
+                norm_value = np.linalg.norm(g)
+                if "norm_value" not in state:
+                    state["norm_value"] = norm_value
+                if norm_value < state["norm_value"]:
+                    state["norm_value"] = norm_value
+            return grads, bool(clip_coeff < 1.0), [self.max_norm]
+        clipped, bounds = False, []
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            state = self.state[i]
+            norm_value = np.linalg.norm(g)
+            if "norm_value" not in state:
+                state["norm_value"] = norm_value
+            avg_norm_value = state["norm_value"]
+            bounds.append(self.clip_ratio * avg_norm_value)
+            if norm_value > self.clip_ratio * avg_norm_value:
+                clip_coef = (self.clip_ratio * avg_norm_value) / (norm_value + self.eps)
+                grads[i] = g * clip_coef
+                norm_value = self.clip_ratio * avg_norm_value
+                clipped = True
+            state["norm_value"] = avg_norm_value * self.beta + norm_value * (1.0 - self.beta)
+        return grads, clipped, bounds
+
+
+ADAGC_SETTINGS = {  # (clip_ratio, beta, warmup_steps, warmup_max_norm): tracking, and the code's
+    "ratio 1.25, beta 0.8": (1.25, 0.8, 10, 1.5),
+    "the code's ratio 1.04, beta 0.99": (1.04, 0.99, 10, 1.5),
+    "no warm-up clipping": (1.25, 0.8, 10, None),
+}
+
+
+# After the warm-up, the steps at which each tensor is clipped. With the code's settings each is
+# clipped on most steps (γ starts at its smallest warm-up norm and grows by at most 0.04% a step).
+ADAGC_CLIPPED = {
+    "ratio 1.25, beta 0.8": [[10, 14, 16, 18, 22, 30, 31, 44, 57], [10, 24, 37, 44, 52], [20, 50]],
+    "no warm-up clipping": [[10, 14, 16, 18, 22, 30, 31, 44, 57], [10, 24, 37, 44, 52], [20, 50]],
+}
+
+
+@pytest.mark.parametrize("settings", ADAGC_SETTINGS)
+def test_adagc_matches_the_authors_code_step_by_step(settings):
+    clip_ratio, beta, warmup, max_norm = ADAGC_SETTINGS[settings]
+    params = variables([np.zeros(s, np.float32) for s in ADAGC_SHAPES])
+    clipper = clipper_for("adagc", {"clip_ratio": clip_ratio, "beta": beta,
+                                    "warmup_steps": warmup, "warmup_max_norm": max_norm}, params)
+    reference = AdaGCReference(clip_ratio, beta, start_clip_steps=warmup,
+                               max_norm=np.inf if max_norm is None else max_norm)
+    step = tf.function(lambda grads: clipper(grads, params))
+    clipped_steps = [[] for _ in ADAGC_SHAPES]
+    for t in range(60):
+        grads = adagc_gradients_at(t)
+        norms = [None if g is None else np.linalg.norm(np.asarray(g, np.float64)) for g in grads]
+        out, stats = step([None if g is None else tf.constant(g) for g in grads])
+        expected, clipped, bounds = reference.step(grads)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        # the bounds and decisions: no coin flips, the threshold their global norm
+        decided = [sum(n**2 for n in norms if n is not None) ** 0.5] if t < warmup else \
+            [norms[i] for i in present]
+        assert all(b == np.inf or abs(n - b) > 1e-4 * b
+                   for n, b in zip(decided, bounds, strict=True)), t
+        if t >= warmup:
+            assert float(stats["threshold"]) == pytest.approx(np.linalg.norm(bounds), rel=1e-5)
+        else:
+            assert float(stats["threshold"]) == (np.inf if max_norm is None else max_norm)
+        assert float(stats["clipped"]) == float(clipped), t
+        for i, (a, b) in enumerate(zip(out, expected, strict=True)):
+            if b is None:
+                assert a is None
+                continue
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+            if t >= warmup and not np.allclose(b, grads[i], rtol=1e-7):
+                clipped_steps[i].append(t)
+        gamma = clipper.state_variables[0].numpy()
+        for i in range(len(ADAGC_SHAPES)):
+            if "norm_value" in reference.state[i]:
+                assert gamma[i] == pytest.approx(reference.state[i]["norm_value"], rel=1e-5), t
+            else:
+                assert gamma[i] == np.inf  # not seen yet
+    # every tensor was clipped on some steps after the warm-up and left alone on others
+    assert all(0 < len(steps) < 60 - warmup - (i == 2) * 5
+               for i, steps in enumerate(clipped_steps)), clipped_steps
+    assert clipped_steps == ADAGC_CLIPPED.get(settings, clipped_steps)
+
+
 # ------------------------------------------------------------ properties of every method
 def spiky_steps(n=6):
     """Gradients for a few steps, the last one a spike: enough history for the adaptive methods."""
@@ -375,7 +648,7 @@ def test_the_norm_after_is_within_the_bound(method):
             assert all(np.linalg.norm(g) <= settings["max_norm"] * tolerance for g in out)
         elif method == "agc":
             assert unit_bounds_hold(out, params, settings["factor"], settings["eps"])
-        else:  # global_norm, autoclip, zclip bound the global norm by `threshold`
+        else:  # global_norm, autoclip, zclip (adagc: by its norm of bounds) by `threshold`
             assert stats["norm_after"] <= stats["threshold"] * tolerance
     assert stats["clipped"] == (0.0 if method == "none" else 1.0)  # the spike was clipped
 
@@ -456,11 +729,33 @@ def test_agc_output_params_as_variables_paths_or_booleans():
         make_clipper(agc, params, output_params=["nosuch/kernel"])
 
 
+@pytest.mark.parametrize("method", ["adagc", "autoclip", "zclip"])
+def test_a_restored_state_goes_on_as_if_never_stopped(method, tmp_path):
+    """The state variables are the whole state: a clipper restored from a checkpoint of them (as
+    gradexp/checkpoints.py writes it) clips the following steps exactly as the one that saved."""
+    norms = [1.0, 1.2, 0.9, 1.1, 0.95, 40.0, 1.05, 0.9, 30.0, 1.0, 1.1, 0.97]
+    steps = [gradients_at(t, norm=norm) for t, norm in enumerate(norms)]
+    params = params_for_steps()
+    whole = run_compiled(clipper_for(method, ACTIVE[method], params), params, steps)
+    first = clipper_for(method, ACTIVE[method], params)
+    run_compiled(first, params, steps[:6])
+    saved = tf.train.Checkpoint(clipping=list(first.state_variables)).write(str(tmp_path / "c"))
+    second = clipper_for(method, ACTIVE[method], params)
+    tf.train.Checkpoint(clipping=list(second.state_variables)).read(
+        saved).assert_existing_objects_matched()
+    resumed = run_compiled(second, params, steps[6:])
+    assert sum(stats["clipped"] for _, stats in resumed) > 0
+    for (out_a, stats_a), (out_b, stats_b) in zip(whole[6:], resumed, strict=True):
+        assert stats_a == stats_b
+        for a, b in zip(out_a, out_b, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_only_the_adaptive_methods_have_state_to_checkpoint():
     params = params_for_steps()
     for method, settings in ACTIVE.items():
         state = clipper_for(method, settings, params).state_variables
-        assert bool(state) == (method in ("autoclip", "zclip"))
+        assert bool(state) == (method in ("adagc", "autoclip", "zclip"))
         assert all(not v.trainable for v in state)
 
 
@@ -489,6 +784,25 @@ def test_the_default_is_no_clipping(make_cfg):
     (["clipping=autoclip", "clipping.history=0"], "clipping.history=0"),
     (["clipping=zclip", "clipping.alpha=1"], "clipping.alpha=1"),
     (["clipping=zclip", "clipping.warmup_steps=0"], "clipping.warmup_steps=0"),
+    (["clipping=zclip", "clipping.mode=minmax"], "clipping.mode=minmax"),
+    (["clipping=zclip", "clipping.clip_option=median"], "clipping.clip_option=median"),
+    (["clipping=zclip", "clipping.clip_factor=0"], "clipping.clip_factor=0"),
+    (["clipping=zclip", "clipping.clip_factor=1.5"], "clipping.clip_factor=1.5"),
+    (["clipping=zclip", "clipping.max_grad_norm=-1"], "clipping.max_grad_norm=-1"),
+    (["clipping=zclip", "clipping.max_grad_norm=nan"], "clipping.max_grad_norm=nan"),
+    # options the chosen mode ignores (in the reference) are refused
+    (["clipping=zclip", "clipping.mode=percentile", "clipping.clip_option=mean"],
+     "clipping.clip_option=mean"),
+    (["clipping=zclip", "clipping.mode=percentile", "clipping.clip_factor=0.7"],
+     "clipping.clip_factor=0.7"),
+    (["clipping=zclip", "clipping.clip_option=mean", "clipping.clip_factor=0.7"],
+     "clipping.clip_factor=0.7"),
+    (["clipping=adagc", "clipping.clip_ratio=0"], "clipping.clip_ratio=0"),
+    (["clipping=adagc", "clipping.clip_ratio=inf"], "clipping.clip_ratio=inf"),
+    (["clipping=adagc", "clipping.beta=1"], "clipping.beta=1"),
+    (["clipping=adagc", "clipping.beta=-0.1"], "clipping.beta=-0.1"),
+    (["clipping=adagc", "clipping.warmup_steps=-1"], "clipping.warmup_steps=-1"),
+    (["clipping=adagc", "clipping.warmup_max_norm=0"], "clipping.warmup_max_norm=0"),
 ])
 def test_bad_values_name_the_key(make_cfg, overrides, key):
     with pytest.raises(config.ConfigError) as error:

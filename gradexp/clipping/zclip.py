@@ -1,18 +1,30 @@
 """ZClip (Kumar, Owen, Roy Chowdhury & Güra 2025, "ZClip: Adaptive Spike Mitigation for LLM
-Pre-Training"; github.com/bluorion-com/ZClip, mode="zscore", clip_option="adaptive_scaling",
-the paper's "reciprocal" clipping). With g = ‖g‖:
+Pre-Training"; github.com/bluorion-com/ZClip, zclip/zclip.py, class ZClip). With g = ‖g‖:
 
-    warm-up: the first W finite norms are collected, nothing is clipped; the W-th sets
-             μ = mean(norms), σ² = mean((norms − μ)²)
-    then:    z = (g − μ) / (σ + 1e-6)
-             if z > z_t:  g* = μ + z_t·σ / (z / z_t)  (= μ + z_t²·σ/z),  g ← g · g*/‖g‖
+    warm-up: the first W finite norms are collected, and clipped only by the cap c (below);
+             the W-th sets μ = mean(norms), σ² = mean((norms − μ)²)
+    then:    a spike, and the norm g* it is clipped to, by `mode` and `clip_option`:
+               zscore, adaptive_scaling (the paper's "reciprocal" clipping, the default):
+                 z = (g − μ) / (σ + 1e-6);  spike if z > z_t;  g* = f · (μ + z_t·σ / (z / z_t))
+               zscore, mean:    spike if z > z_t;          g* = μ
+               percentile:      spike if g > μ + z_t·σ;    g* = μ + z_t·σ
+             g ← g · min(g*, c)/g on a spike, else g ← g · c/g if g > c
              μ ← α·μ + (1 − α)·g_eff;  σ² ← α·σ² + (1 − α)·(g_eff − μ)²   (μ: the new mean)
-             with g_eff = g* if clipped else g (the EMA sees the clipped norm)
+             with g_eff = g* on a spike, else g (the EMA sees the clipped norm, never the cap)
 
-threshold = μ + z_t·(σ + 1e-6), the norm above which this step clips (inf during warm-up).
-As in the paper, no fixed max-norm is combined with it (the reference's `max_grad_norm`). We
-rescale to exactly g* (the reference divides by g + 1e-6). Clipping again from the same state
-changes nothing: g* gives z = z_t²·σ / (z·(σ + 1e-6)) < z_t.
+f = `clip_factor` (the reference multiplies the whole of μ + z_t²·σ/z by it, although its
+docstring says the z_t·σ term); c = `max_grad_norm`, a fixed cap on every step, warm-up
+included, where the reference calls torch's clip_grad_norm_; null (gradexp's default) is no cap,
+as in the paper (the reference's default is 1.0). `mode` percentile ignores `clip_option` and
+`clip_factor` (the reference sets clip_option to None), and clip_option mean ignores
+`clip_factor`: the config refuses them there rather than let a sweep label runs by a key that did
+nothing. Not taken from the reference: `skip_update_on_spike` (leave μ, σ² alone on a spike).
+
+threshold = μ + z_t·(σ + 1e-6) (percentile: μ + z_t·σ), the norm above which a step is a spike,
+inf during warm-up; with a cap, the smaller of it and c. We rescale to exactly min(g*, c) (the
+reference divides by g + 1e-6). clip_factor is at most 1 (the config's check), so g* < g on a
+spike. Clipping again from the same state changes nothing (zscore, adaptive_scaling, f = 1): g*
+gives z = z_t²·σ / (z·(σ + 1e-6)) < z_t.
 """
 
 from __future__ import annotations
@@ -31,6 +43,13 @@ from gradexp.clipping.common import (
 )
 
 ZCLIP_EPS = 1e-6  # the ZClip reference's eps in z = (g − μ) / (σ + eps)
+ZSCORE, PERCENTILE = "zscore", "percentile"  # modes
+ADAPTIVE_SCALING, MEAN = "adaptive_scaling", "mean"  # clip_options of mode zscore
+# The keys added after the first four, at the values that give the behaviour from before them
+# (and the reference's, but for its cap of 1.0): a config node without them, such as a run's
+# recorded config from before, means these.
+OPTION_DEFAULTS = {"mode": ZSCORE, "clip_option": ADAPTIVE_SCALING, "clip_factor": 1.0,
+                   "max_grad_norm": None}
 
 
 @dataclass
@@ -56,22 +75,40 @@ class ZClipState:
         return [self.warmup_norms, self.seen, self.mean, self.var]
 
 
-def zclip(grads: list, state: ZClipState, alpha: float, z_threshold: float) -> tuple[list, dict]:
-    """ZClip (the module docstring) with EMA factor α = `alpha` and z_t = `z_threshold`.
-    threshold = μ + z_t·(σ + 1e-6), inf during warm-up."""
+def zclip(grads: list, state: ZClipState, alpha: float, z_threshold: float, *,
+          mode: str = ZSCORE, clip_option: str = ADAPTIVE_SCALING, clip_factor: float = 1.0,
+          max_grad_norm: float | None = None) -> tuple[list, dict]:
+    """ZClip (the module docstring) with EMA factor α = `alpha`, z_t = `z_threshold`, and the
+    reference's options. threshold = the spike boundary (inf during warm-up), capped by
+    `max_grad_norm`."""
     norm = global_norm(grads)
     finite = tf.math.is_finite(norm)
     warmup_steps = state.warmup_norms.shape[0]
     ready = state.seen >= warmup_steps  # statistics initialised
     mean, var = state.mean.read_value(), state.var.read_value()
     std = tf.sqrt(var)
-    z = (norm - mean) / (std + ZCLIP_EPS)
-    clipped = finite & ready & (z > z_threshold)
-    target = mean + (z_threshold * std) / (z / z_threshold)
-    effective = tf.where(clipped, target, norm)
-    threshold = tf.where(ready, mean + z_threshold * (std + ZCLIP_EPS), INF)
+    if mode == PERCENTILE:
+        boundary = mean + z_threshold * std
+        detected = norm > boundary
+        target = boundary
+    else:
+        boundary = mean + z_threshold * (std + ZCLIP_EPS)
+        z = (norm - mean) / (std + ZCLIP_EPS)
+        detected = z > z_threshold
+        if clip_option == MEAN:
+            target = mean
+        else:
+            target = (mean + (z_threshold * std) / (z / z_threshold)) * clip_factor
+    spike = finite & ready & detected
+    effective = tf.where(spike, target, norm)  # what the statistics see
+    threshold = tf.where(ready, boundary, INF)
+    bound, clipped = effective, spike
+    if max_grad_norm is not None:
+        bound = tf.minimum(effective, max_grad_norm)
+        clipped = spike | (finite & (norm > max_grad_norm))
+        threshold = tf.minimum(threshold, max_grad_norm)
     _zclip_record(state, norm, effective, finite, alpha)
-    out = rescale(grads, tf.where(clipped, target / norm, 1.0))
+    out = rescale(grads, tf.where(clipped, bound / norm, 1.0))
     return out, clip_stats(norm, out, threshold, clipped)
 
 
@@ -99,5 +136,10 @@ def _zclip_record(state: ZClipState, norm, effective, keep, alpha: float) -> Non
 def _zclip(c, params, output_params) -> Clipper:
     state = ZClipState.create(int(c.warmup_steps))
     alpha, z_threshold = float(c.alpha), float(c.z_threshold)
-    return Clipper(c.name, lambda grads, params: zclip(grads, state, alpha, z_threshold),
-                   state.variables)
+    options = {key: c.get(key, default) for key, default in OPTION_DEFAULTS.items()}
+    cap = options["max_grad_norm"]
+    options.update(mode=str(options["mode"]), clip_option=str(options["clip_option"]),
+                   clip_factor=float(options["clip_factor"]),
+                   max_grad_norm=None if cap is None else float(cap))
+    return Clipper(c.name, lambda grads, params: zclip(grads, state, alpha, z_threshold,
+                                                       **options), state.variables)

@@ -9,7 +9,18 @@ from typing import ClassVar
 
 from omegaconf import MISSING
 
-from gradexp.config.base import Choice, Registry, at_least, check_positive, finite, need
+from gradexp.config.base import (
+    Choice,
+    Registry,
+    at_least,
+    check_positive,
+    finite,
+    need,
+    one_of,
+)
+
+ZCLIP_MODES = ("zscore", "percentile")
+ZCLIP_OPTIONS = ("adaptive_scaling", "mean")  # of mode zscore
 
 
 @dataclass
@@ -88,15 +99,54 @@ class AutoClipConfig(ClippingConfig):
 
 
 @dataclass
+class AdaGCConfig(ClippingConfig):
+    """Each tensor's norm clipped at clip_ratio times an EMA of its own clipped norms, after a
+    warm-up of global-norm clipping (Wang et al. 2025)."""
+
+    name: str = "adagc"
+    clip_ratio: float = MISSING  # lambda_rel: a tensor is clipped above clip_ratio * its EMA
+    beta: float = MISSING  # EMA factor of each tensor's clipped norm
+    warmup_steps: int = MISSING  # steps of global-norm clipping first (0: none)
+    warmup_max_norm: float | None = MISSING  # lambda_abs, the warm-up's bound; null: no clipping
+
+    def check(self) -> None:
+        check_positive("clip_ratio", self.clip_ratio)
+        need(finite(self.beta) and 0 <= self.beta < 1, "beta", self.beta, "must be in [0, 1)")
+        at_least(self, 0, "warmup_steps")
+        need(self.warmup_max_norm is None
+             or (finite(self.warmup_max_norm) and self.warmup_max_norm > 0), "warmup_max_norm",
+             self.warmup_max_norm, "must be a positive number, or null (no warm-up clipping)")
+
+
+@dataclass
 class ZClipConfig(ClippingConfig):
-    """Global norm clipped when its z-score against an EMA of past norms exceeds z_threshold."""
+    """Global norm clipped when it is a spike against an EMA of past norms (z-score above
+    z_threshold, or above mean + z_threshold * std in mode percentile), optionally capped."""
 
     name: str = "zclip"
     alpha: float = MISSING  # EMA factor of the mean and variance of the norm
     z_threshold: float = MISSING
-    warmup_steps: int = MISSING  # norms collected to initialise the statistics; no clipping
+    warmup_steps: int = MISSING  # norms collected to initialise the statistics (only the cap)
+    mode: str = MISSING  # zscore or percentile
+    clip_option: str = MISSING  # mode zscore: adaptive_scaling or mean
+    clip_factor: float = MISSING  # adaptive_scaling: the clipped norm's multiplier, in (0, 1]
+    max_grad_norm: float | None = MISSING  # a fixed cap on the global norm, warm-up included
 
     def check(self) -> None:
         need(0 < self.alpha < 1, "alpha", self.alpha, "must be in (0, 1)")
         check_positive("z_threshold", self.z_threshold)
         at_least(self, 1, "warmup_steps")
+        one_of("mode", self.mode, ZCLIP_MODES)
+        one_of("clip_option", self.clip_option, ZCLIP_OPTIONS)
+        need(finite(self.clip_factor) and 0 < self.clip_factor <= 1, "clip_factor",
+             self.clip_factor, "must be a number in (0, 1]")
+        need(self.max_grad_norm is None or (finite(self.max_grad_norm) and self.max_grad_norm > 0),
+             "max_grad_norm", self.max_grad_norm, "must be a positive number, or null (no cap)")
+        # Refused rather than ignored, as the reference does: a sweep would label runs by them.
+        if self.mode == "percentile":
+            need(self.clip_option == "adaptive_scaling", "clip_option", self.clip_option,
+                 "not used by mode=percentile (leave it at adaptive_scaling)")
+        unused_by = ("mode=percentile" if self.mode == "percentile"
+                     else "clip_option=mean" if self.clip_option == "mean" else None)
+        need(unused_by is None or self.clip_factor == 1, "clip_factor", self.clip_factor,
+             f"not used by {unused_by} (leave it at 1.0)")
