@@ -12,6 +12,8 @@ alike. The last line printed is one JSON object:
                           batch 512)
     layer_overhead        time per step with clip layers at clip=null ÷ without the layers
     logging_overhead      time per step with the default logging ÷ the same loop, nothing written
+                          (per-layer telemetry on, the default; `_no_telemetry`: off in both)
+    telemetry_overhead    time per step with trainer.layer_norms=true ÷ false, logging as a run
     summarize_vs_tbparse  tbparse's time to load a 100-run sweep ÷ gradexp.summarize's time to
                           summarize it (the sweep is written by the bench in gradexp's formats)
     config_error_s        seconds from launching `python -m gradexp.train clip=-1` to its error
@@ -335,9 +337,12 @@ def main(argv: list[str] | None = None) -> dict:
         since[0] = time.perf_counter()
 
     mlp = compose_cfg(steps)
+    mlp_no_telemetry = compose_cfg(steps, "trainer.layer_norms=false")
     speeds = side_by_side({
         "gradexp": lambda: gradexp_steps_per_s(mlp),
         "unlogged": lambda: unlogged_steps_per_s(mlp),
+        "no_telemetry": lambda: gradexp_steps_per_s(mlp_no_telemetry),
+        "unlogged_no_telemetry": lambda: unlogged_steps_per_s(mlp_no_telemetry),
         "no_layers": lambda: gradexp_steps_per_s(compose_cfg(steps, "layer.positions=[]")),
         "bare_loop": lambda: bare_loop_steps_per_s(mlp),
         "keras_fit": lambda: keras_fit_steps_per_s(mlp),
@@ -348,6 +353,8 @@ def main(argv: list[str] | None = None) -> dict:
         "vs_bare_loop": speeds["gradexp"] / speeds["bare_loop"],
         "layer_overhead": speeds["no_layers"] / speeds["gradexp"],
         "logging_overhead": speeds["unlogged"] / speeds["gradexp"],
+        "logging_overhead_no_telemetry": speeds["unlogged_no_telemetry"] / speeds["no_telemetry"],
+        "telemetry_overhead": speeds["no_telemetry"] / speeds["gradexp"],
     })
 
     wide = compose_cfg(wide_steps, *WORKLOADS["mlp_wide"], "trainer.log_every=10")

@@ -59,7 +59,9 @@ FINAL_METRICS = ("loss", "val_loss", "val_accuracy")
 
 
 def custom_scalars_layout(names: list[str]):
-    """TensorBoard's Custom Scalars page: each clip layer's ‖dy‖ before and after on one chart."""
+    """TensorBoard's Custom Scalars page: each clip layer's ‖dy‖ before and after on one chart;
+    the loss and global norm; with trainer.layer_norms, one chart per telemetry kind, every
+    layer a line."""
     from tensorboard.plugins.custom_scalar import layout_pb2
     from tensorboard.plugins.custom_scalar import summary as custom_scalar
 
@@ -71,9 +73,16 @@ def custom_scalars_layout(names: list[str]):
     clip_charts = [chart(f"{p}: ‖dy‖ before and after the clip", rf"^grad_norm/{p}/(pre|post)$")
                    for p in layers] + [chart("share of dy clipped", r"^clip_fraction/")]
     training = [chart("loss", r"^loss/"), chart("parameter gradient norm", r"^grad_norm/global")]
-    return custom_scalar.pb(layout_pb2.Layout(category=[
-        layout_pb2.Category(title="clip layers", chart=clip_charts),
-        layout_pb2.Category(title="training", chart=training)]))
+    per_layer = [chart(title, pattern) for title, pattern in (
+        ("‖g‖ per layer, before parameter clipping", r"^param_grad_norm/[^/]+$"),
+        ("‖g‖ per layer, after parameter clipping", r"^param_grad_norm/.+/post$"),
+        ("update ‖Δθ‖ per layer", r"^update_norm/"), ("weights ‖θ‖ per layer", r"^param_norm/"),
+        ("‖Δθ‖ / ‖θ‖ per layer", r"^update_ratio/"))]
+    categories = [layout_pb2.Category(title="clip layers", chart=clip_charts),
+                  layout_pb2.Category(title="training", chart=training)]
+    if any(n.startswith("update_norm/") for n in names):
+        categories.append(layout_pb2.Category(title="per layer", chart=per_layer))
+    return custom_scalar.pb(layout_pb2.Layout(category=categories))
 
 
 def write_hparams_config(sweep_dir: Path, configs: list[DictConfig]) -> None:

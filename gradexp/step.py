@@ -15,7 +15,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from gradexp import clipping, config, models, optimizers
+from gradexp import clipping, config, models, optimizers, telemetry
+from gradexp.spikes import SpikeDetector
 from gradexp._tf import keras, tf
 from gradexp.measures import diverged
 
@@ -31,6 +32,7 @@ class CompiledStep:
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
     clipper: clipping.Clipper
+    state_variables: list  # besides model and optimizer: the clipper's and the spike detector's
     names: tuple[str, ...]
     val_names: tuple[str, ...]
     train_steps: Callable[[Any, tf.Tensor], tf.Tensor]
@@ -57,8 +59,13 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
     for layer in layers:
         layer.follow_loss_scale(loss_scale)
     probes = [layer.gradient_stats.value for layer in layers]
+    layer_norms = telemetry.LayerNorms(params) if t.layer_norms else None
+    with strategy.scope():
+        spikes = (SpikeDetector(t.spike_z, t.spike_warmup, t.spike_alpha)
+                  if t.on_spike == "skip" else None)
     names = metric_names([layer.name.removeprefix("clip_") for layer in layers],
-                         loss_scaling=loss_scale is not None)
+                         loss_scaling=loss_scale is not None, spike_skip=spikes is not None,
+                         weight_layers=telemetry.layer_names(params) if layer_norms else [])
     per_example_loss = task_loss(arrays.num_classes)
     error_threshold = cfg.dataset.get("error_threshold")  # regression: squared error above it
     val_names = ("loss/val", "accuracy/val", *(("error_rate/val",) if error_threshold else ()))
@@ -80,24 +87,35 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
         sums = tf.distribute.get_replica_context().all_reduce("SUM", gradients_of(x, y))
         grads, stats, loss_sum = sums
         scale = 1.0 if loss_scale is None else tf.cast(loss_scale, tf.float32)
-        clipped, c = clipper([g / scale for g in grads], params)
+        weights_before = layer_norms.before() if layer_norms else None
+        grads = [g / scale for g in grads]
+        clipped, c = clipper(grads, params)
         # The optimizer sums over replicas again and unscales: hand it scale·g / replicas.
         update = [g * (scale / replicas) for g in clipped]
+        skip = tf.constant(False)
+        if spikes:  # trainer.on_spike=skip: see gradexp/spikes.py
+            skip = spikes.is_spike(loss_sum / t.batch_size, c["norm_before"])
+            spikes.record(loss_sum / t.batch_size, c["norm_before"], skip)
         if skip_non_finite:  # keep going past a divergence, without its non-finite updates
-            tf.cond(tf.math.is_finite(c["norm_before"]),
-                    lambda: [optimizer.apply(update, params), tf.constant(True)][1],
-                    lambda: tf.constant(False))
+            skip |= tf.logical_not(tf.math.is_finite(c["norm_before"]))
+        if spikes or skip_non_finite:
+            tf.cond(skip, lambda: tf.constant(False),
+                    lambda: [optimizer.apply(update, params), tf.constant(True)][1])
         else:
             optimizer.apply(update, params)
         metrics = {"loss/train": loss_sum / t.batch_size,
                    "grad_norm/global": c["norm_before"], "grad_norm/global/post": c["norm_after"],
                    "param_clip/threshold": c["threshold"], "param_clip/clipped": c["clipped"],
                    "learning_rate": tf.cast(optimizer.learning_rate, tf.float32)}
+        if spikes:
+            metrics["spike_skipped"] = tf.cast(skip, tf.float32)
         if loss_scale is not None:
             metrics["loss_scale"] = scale
             metrics["skipped"] = 1.0 - tf.cast(tf.math.is_finite(c["norm_before"]), tf.float32)
         for layer, s in zip(layers, stats, strict=True):
             metrics.update(layer_metrics(layer.name.removeprefix("clip_"), s))
+        if layer_norms:
+            metrics.update(layer_norms.measure(weights_before, grads, clipped))
         return metrics
 
     if replicas > 1:  # XLA cannot compile the cross-replica sum: compile the replica's part
@@ -147,8 +165,9 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
         grads = tape.gradient(loss, params)
         return {f"gradients/{v.path}": g for v, g in zip(params, grads, strict=True)}
 
-    return CompiledStep(model, optimizer, clipper, tuple(names), val_names, train_steps, evaluate,
-                        gradients)
+    state_variables = [*clipper.state_variables, *(spikes.variables if spikes else [])]
+    return CompiledStep(model, optimizer, clipper, state_variables, tuple(names), val_names,
+                        train_steps, evaluate, gradients)
 
 
 def task_loss(num_classes: int | None):
@@ -158,14 +177,18 @@ def task_loss(num_classes: int | None):
     return lambda y, outputs: tf.square(outputs[:, 0] - tf.cast(y, outputs.dtype))
 
 
-def metric_names(positions: list[str], loss_scaling: bool = False) -> list[str]:
-    """The per-step measurements, in the order of the rows the step returns."""
+def metric_names(positions: list[str], loss_scaling: bool = False, spike_skip: bool = False,
+                 weight_layers: list[str] = ()) -> list[str]:
+    """The per-step measurements, in the order of the rows the step returns: the clip layers'
+    at `positions`, then the telemetry of `weight_layers` (gradexp/telemetry.py)."""
     per_layer = [f"{kind}/{p}{suffix}" for p in positions
                  for kind, suffix in (("grad_norm", "/pre"), ("grad_norm", "/post"),
                                       ("clip_fraction", ""))]
     scaling = ["loss_scale", "skipped"] if loss_scaling else []
+    spikes = ["spike_skipped"] if spike_skip else []
     return ["loss/train", "grad_norm/global", "grad_norm/global/post", "param_clip/threshold",
-            "param_clip/clipped", "learning_rate", *scaling, *per_layer]
+            "param_clip/clipped", "learning_rate", *spikes, *scaling, *per_layer,
+            *telemetry.metric_names(list(weight_layers))]
 
 
 def layer_metrics(position: str, stats) -> dict:

@@ -95,7 +95,7 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     provenance.add_devices(run_dir, record, devices.describe(where, cfg.strategy, strategy))
     arrays = data.load(cfg.dataset)
     compiled = compile_step(cfg, arrays, strategy)
-    state = RunState(run_dir, compiled.model, compiled.optimizer, compiled.clipper.state_variables)
+    state = RunState(run_dir, compiled.model, compiled.optimizer, compiled.state_variables)
     step = state.restore() if resume else 0
     train_batches, val_batches = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed,
                                                 start_step=step)
@@ -129,6 +129,7 @@ class LoopResult:
     diverged_step: int | None
     stopped_by: int | None
     timed: tuple[int, float]
+    spike_skipped: int | None = None  # steps not applied (trainer.on_spike=skip); None: off
 
 
 def loop(t: DictConfig, compiled, strategy, train_batches, val_batches, runlog, state,
@@ -147,6 +148,8 @@ def loop(t: DictConfig, compiled, strategy, train_batches, val_batches, runlog, 
         compiled.gradients(*next(iter(train_batches)))  # the first call also optimizes the graph
     losses = runlog.past_values("loss/train")
     measures_errors = "error_rate/val" in compiled.val_names
+    skips = "spike_skipped" in names
+    spike_skipped = int(np.nansum(runlog.past_values("spike_skipped"))) if skips else None
     error_rates = runlog.past_values("error_rate/val") if measures_errors else None
     val, diverged_step = None, None
     # steps/s: from the end of the first call (which traces and compiles) to the end of the
@@ -164,6 +167,8 @@ def loop(t: DictConfig, compiled, strategy, train_batches, val_batches, runlog, 
             steps = step + 1 + np.arange(len(rows))
             step += len(rows)
             losses.extend(rows[:, names.index("loss/train")])
+            if skips:
+                spike_skipped += int(rows[:, names.index("spike_skipped")].sum())
             if diverged_step is None:
                 diverged_step = first_diverged_step(steps, rows, names, losses[0],
                                                     t.divergence_factor)
@@ -180,7 +185,8 @@ def loop(t: DictConfig, compiled, strategy, train_batches, val_batches, runlog, 
                 state.save(step)
             log.info(progress(step, t.steps, rows, names, val, len(rows) / seconds))
     timed = (step - first_step, time.perf_counter() - timed_from) if timed_from else (0, 0.0)
-    return LoopResult(step, losses, error_rates, val, diverged_step, stop.signal, timed)
+    return LoopResult(step, losses, error_rates, val, diverged_step, stop.signal, timed,
+                      spike_skipped)
 
 
 def run_summary(r: LoopResult, cfg: DictConfig, overrides, where: str, wall: float) -> dict:
@@ -203,6 +209,8 @@ def run_summary(r: LoopResult, cfg: DictConfig, overrides, where: str, wall: flo
         summary["success"] = succeeded(r.error_rates, below, r.diverged_step is not None)
         found = success_step(np.arange(1, len(r.error_rates) + 1), r.error_rates, below)
         summary["success_step"] = None if np.isnan(found) else int(found)
+    if r.spike_skipped is not None:
+        summary["spike_skipped_steps"] = r.spike_skipped
     if r.stopped_by is not None:
         summary["stopped_by"] = signal.Signals(r.stopped_by).name
     return summary

@@ -108,9 +108,12 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run(tmp_path, u
 
 def test_a_resumed_streaming_run_equals_an_uninterrupted_one(tmp_path):
     """With fresh examples every step, the examples after a resume are drawn from (seed,
-    dataset seed, step) as they would have been: the table is the same byte for byte."""
+    dataset seed, step) as they would have been: the table is the same byte for byte. The spike
+    detector (on_spike=skip, a low bar so that it skips often) resumes with its statistics: a
+    detector started afresh would skip other steps after the resume."""
     streaming = [*STEADY, "dataset.stream=true", "dataset.num_examples=500",
-                 "trainer.steps=800", "clipping=none"]
+                 "trainer.steps=800", "clipping=none", "trainer.on_spike=skip",
+                 "trainer.spike_z=1", "trainer.spike_warmup=100"]
     whole = tmp_path / "whole"
     whole.mkdir()
     result = gradexp("gradexp.train", *streaming, cwd=whole)
@@ -120,11 +123,14 @@ def test_a_resumed_streaming_run_equals_an_uninterrupted_one(tmp_path):
     run_dir = wait_for_rows(tmp_path / "outputs", 150, process)
     process.send_signal(signal.SIGTERM)
     process.communicate(timeout=120)
-    assert 150 <= summary_of(run_dir)["steps"] < 800
+    stopped = summary_of(run_dir)["steps"]
+    assert 150 <= stopped < 800
     resumed = gradexp("gradexp.train", f"resume={run_dir}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     table = (run_dir / "metrics.csv").read_bytes()
     assert table == (uninterrupted_dir / "metrics.csv").read_bytes()
+    skipped = pd.read_csv(run_dir / "metrics.csv")["spike_skipped"].to_numpy()
+    assert skipped[:100].sum() == 0 and skipped[stopped:].sum() > 0  # warm-up; after the stop
 
 
 def test_a_resumed_run_reads_back_the_float32_numbers_it_wrote(tmp_path):

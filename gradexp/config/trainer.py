@@ -11,6 +11,7 @@ from gradexp.config.base import at_least, need, one_of
 
 LOSS_REDUCTIONS = ("sum", "mean")
 ON_DIVERGENCE = ("stop", "continue")
+ON_SPIKE = ("none", "skip")
 
 
 @dataclass
@@ -25,6 +26,11 @@ class TrainerConfig:
     jit_compile: bool = MISSING  # XLA-compile the step
     checkpoint_every: int = MISSING  # 0: only when the run stops
     on_divergence: str = MISSING  # stop | continue (skipping non-finite updates)
+    layer_norms: bool = True  # per-layer gradient, update and weight norms (gradexp/telemetry.py)
+    on_spike: str = "none"  # skip: a step whose loss or ‖g‖ spikes is not applied (gradexp/spikes.py)
+    spike_z: float = 6.0  # a spike: z-score above this against the running (EMA) statistics
+    spike_warmup: int = 50  # steps that set the statistics before any step can be a spike
+    spike_alpha: float = 0.99  # the EMA's factor
 
     def check(self) -> None:
         at_least(self, 1, "steps", "batch_size", "log_every", "eval_every")
@@ -36,3 +42,8 @@ class TrainerConfig:
         need(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every,
              "must be an integer >= 0 (0: only when the run stops)")
         one_of("on_divergence", self.on_divergence, ON_DIVERGENCE)
+        one_of("on_spike", self.on_spike, ON_SPIKE)
+        need(self.spike_z > 0, "spike_z", self.spike_z, "must be a number > 0")
+        at_least(self, 1, "spike_warmup")
+        need(0 < self.spike_alpha < 1, "spike_alpha", self.spike_alpha,
+             "must be a number in (0, 1)")

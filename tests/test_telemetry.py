@@ -1,0 +1,154 @@
+"""Per-layer telemetry (gradexp/telemetry.py) against norms computed by hand from the weights
+before and after a real compiled step, and from the gradient of the same batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradexp import telemetry
+
+STEP = ["model.width=16", "trainer.batch_size=32", "clipping=global_norm",
+        "clipping.max_norm=5.0"]  # small enough to bite: post < pre
+
+
+def by_layer(variables, tensors) -> dict[str, float]:
+    squares: dict[str, float] = {}
+    for v, t in zip(variables, tensors, strict=True):
+        layer = v.path.split("/")[0]
+        squares[layer] = squares.get(layer, 0.0) + float(np.sum(np.square(np.float64(t))))
+    return {layer: np.sqrt(s) for layer, s in squares.items()}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("xla", [True, False])
+def test_each_per_layer_norm_equals_one_computed_by_hand(make_cfg, optimizer, xla):
+    from gradexp import data, devices
+    from gradexp._tf import tf
+    from gradexp.step import compile_step, task_loss
+
+    cfg = make_cfg(*STEP, f"optimizer={optimizer}", f"trainer.jit_compile={str(xla).lower()}")
+    devices.prepare_process("cpu", "float32", 0, False)
+    arrays = data.load(cfg.dataset)
+    compiled = compile_step(cfg, arrays, tf.distribute.get_strategy())
+    params = compiled.model.trainable_variables
+    train_batches, _ = data.pipelines(arrays, 32, cfg.seed)
+    x, y = next(iter(train_batches))  # the batch of step 1: the order is a function of the seed
+    before = [v.numpy().copy() for v in params]
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(task_loss(arrays.num_classes)(y, compiled.model(x, training=True)))
+    grads = [g.numpy() for g in tape.gradient(loss, params)]
+
+    row = compiled.train_steps(iter(train_batches), tf.constant(1)).numpy()[0]
+    measured = dict(zip(compiled.names, row, strict=True))
+    after = [v.numpy() for v in params]
+
+    layers = telemetry.layer_names(params)
+    assert layers == ["dense_1", "dense_2", "dense_3", "head"]
+    g, w0, w1 = by_layer(params, grads), by_layer(params, before), by_layer(params, after)
+    dw = by_layer(params, [a - b for a, b in zip(after, before, strict=True)])
+    total = np.sqrt(sum(n ** 2 for n in g.values()))
+    assert total > 5.0  # the clip bites: every layer's gradient is scaled by 5 / ‖g‖
+    for layer in layers:
+        assert measured[f"param_grad_norm/{layer}"] == pytest.approx(g[layer], rel=1e-4)
+        assert measured[f"param_grad_norm/{layer}/post"] == pytest.approx(
+            g[layer] * 5.0 / total, rel=1e-4)
+        assert measured[f"update_norm/{layer}"] == pytest.approx(dw[layer], rel=1e-4)
+        assert measured[f"param_norm/{layer}"] == pytest.approx(w1[layer], rel=1e-5)
+        assert measured[f"update_ratio/{layer}"] == pytest.approx(dw[layer] / w0[layer],
+                                                                   rel=1e-4)
+        if optimizer == "sgd":  # the first step of SGD with momentum: Δθ = −lr · clipped g
+            assert dw[layer] == pytest.approx(
+                cfg.optimizer.learning_rate * g[layer] * 5.0 / total, rel=1e-4)
+        else:  # Adam's first step, per element: lr·|ĝ| / (|ĝ| + ε/√(1 − β₂)), ĝ the clipped g
+            opt = compiled.optimizer
+            eps = opt.epsilon / np.sqrt(1 - opt.beta_2)
+            steps = [np.abs(gv) * 5.0 / total for v, gv in zip(params, grads, strict=True)
+                     if v.path.startswith(layer + "/")]
+            by_hand = opt.learning_rate.numpy() * np.sqrt(
+                sum(np.sum(np.square(s / (s + eps))) for s in steps))
+            assert dw[layer] == pytest.approx(by_hand, rel=1e-3)
+
+def test_the_switch_turns_the_telemetry_off_and_names_its_columns(make_cfg):
+    from gradexp import data, devices
+    from gradexp._tf import tf
+    from gradexp.step import compile_step
+
+    devices.prepare_process("cpu", "float32", 0, False)
+    cfg = make_cfg("model.width=8", "trainer.layer_norms=false")
+    compiled = compile_step(cfg, data.load(cfg.dataset), tf.distribute.get_strategy())
+    assert not any(n.startswith(("param_grad_norm/", "update_norm/")) for n in compiled.names)
+    assert telemetry.metric_names(["dense_1"]) == [
+        "param_grad_norm/dense_1", "param_grad_norm/dense_1/post", "update_norm/dense_1",
+        "param_norm/dense_1", "update_ratio/dense_1"]
+
+
+# ------------------------------------------------------------------ spike detection and skip
+def spike_reference(xs, z_t, warmup, alpha):
+    """gradexp/spikes.py's rule written out in numpy (float64), for one series of (loss, norm)."""
+    mean, var, seen, skipped = np.zeros(2), np.zeros(2), 0, []
+    for x in np.asarray(xs, dtype=np.float64):
+        z = (x - mean) / (np.sqrt(var) + 1e-12)
+        skip = (not np.isfinite(x).all()) or (seen >= warmup and (z > z_t).any())
+        skipped.append(skip)
+        if skip:
+            continue
+        seen += 1
+        if seen <= warmup:  # Welford
+            new_mean = mean + (x - mean) / seen
+            var = (var * (seen - 1) + (x - mean) * (x - new_mean)) / seen
+            mean = new_mean
+        else:
+            mean = alpha * mean + (1 - alpha) * x
+            var = alpha * var + (1 - alpha) * (x - mean) ** 2
+    return np.array(skipped), mean, var
+
+
+def test_the_spike_detector_follows_its_rule_step_by_step():
+    from gradexp._tf import tf
+    from gradexp.spikes import SpikeDetector
+
+    rng = np.random.default_rng(0)
+    loss = 2.0 + 0.05 * rng.standard_normal(60)
+    norm = 10.0 + 0.5 * rng.standard_normal(60)
+    loss[[5, 30, 31]] *= 4  # a spike in the warm-up (not skipped), two in a row later
+    norm[[45]] *= 6
+    loss[50] = np.inf
+    detector = SpikeDetector(z=4.0, warmup=10, alpha=0.9)
+
+    @tf.function
+    def step(loss, norm):
+        skip = detector.is_spike(loss, norm)
+        detector.record(loss, norm, skip)
+        return skip
+
+    skipped = np.array([bool(step(tf.constant(a, tf.float32), tf.constant(b, tf.float32)))
+                        for a, b in zip(loss, norm, strict=True)])
+    expected, mean, var = spike_reference(np.stack([loss, norm], 1).astype(np.float32), 4.0,
+                                          10, 0.9)
+    np.testing.assert_array_equal(skipped, expected)
+    assert list(np.flatnonzero(skipped)) == [30, 31, 45, 50]  # not the warm-up's, step 5
+    np.testing.assert_allclose(detector.mean.numpy(), mean, rtol=1e-5)
+    np.testing.assert_allclose(detector.var.numpy(), var, rtol=1e-4)
+    assert int(detector.seen.numpy()) == 60 - 4
+
+
+def test_a_skipped_step_leaves_the_weights_alone_and_is_counted(make_cfg, tmp_path):
+    """on_spike=skip with a low bar (z > 1: a noisy loss crosses it often): the rows marked
+    spike_skipped have update_norm 0 in every layer, the others not; summary.json counts them."""
+    import pandas as pd
+
+    from gradexp.train import train
+
+    cfg = make_cfg("model.width=16", "dataset=digits",
+                   "trainer.steps=100", "trainer.log_every=50", "trainer.eval_every=100",
+                   "trainer.histogram_every=0", "trainer.on_spike=skip", "trainer.spike_z=1",
+                   "trainer.spike_warmup=10", "trainer.on_divergence=continue")
+    summary = train(cfg, tmp_path)
+    table = pd.read_csv(tmp_path / "metrics.csv")
+    skipped = table["spike_skipped"] == 1
+    assert summary["spike_skipped_steps"] == int(skipped.sum()) > 0
+    updates = table.filter(like="update_norm/")
+    assert (updates[skipped] == 0).all().all()
+    assert (updates[~skipped] > 0).all().all()
+    assert not skipped.iloc[:10].any()  # the warm-up
