@@ -3,10 +3,11 @@
 # adding problem, 10 seeds x 100,000 updates (+experiment=pascanu_adding), two runs at a time,
 # then the summary (success rate with exact intervals, paired sign test, curves) into this folder.
 #   bash experiments/pascanu_adding/run.sh            # seeds 0-9, as the preset
-#   SEEDS=10,11,12,13,14 bash experiments/pascanu_adding/run.sh   # other seeds, e.g. to check
+#   SEEDS=10,11,12,13,14,15,16,17,18,19 OUT=experiments/pascanu_adding/unseen \
+#       bash experiments/pascanu_adding/run.sh      # other seeds, summarized into OUT
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-study=experiments/pascanu_adding
+study="${OUT:-experiments/pascanu_adding}"
 sweep="outputs/multirun/pascanu_adding/$(date +%Y-%m-%d_%H-%M-%S)"
 python -m gradexp.train -m +experiment=pascanu_adding hydra/launcher=joblib \
     hydra.launcher.n_jobs=2 hydra.sweep.dir="$sweep" \
