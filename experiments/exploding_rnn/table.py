@@ -4,9 +4,10 @@
 
 Reads the runs.csv that `gradexp.summarize` wrote into activation/ and params/ (the per-run
 metrics, defined in the README's "Summarizing a sweep") and each run directory under <sweep dir>
-(gradexp.analysis.runs: its config, and its metrics.csv for the share of steps whose parameter
-gradients were clipped). The intervals and the sign test are gradexp.analysis.stats'. Writes
-table.md.
+(gradexp.analysis.runs: its config, its summary.json for its wall time, and its metrics.csv for
+the last evaluated error rate and the share of steps whose parameter gradients were clipped),
+and <sweep dir>/wall_time.txt (run.sh's seconds for both sweeps and runs at a time). The
+intervals and the sign test are gradexp.analysis.stats'. Writes table.md.
 
 summarize compares along one baseline key, so each of its two reports has its own unclipped
 group (clip=null per placement; clipping=none). They are the same model: an unclipped clip layer
@@ -34,16 +35,38 @@ def read_runs(part: str) -> pd.DataFrame:
     return pd.read_csv(HERE / part / "runs.csv", dtype=str, keep_default_na=False, na_values=[""])
 
 
-def mean_interval(values: pd.Series) -> str:
-    """mean ± 95% t half-width over the seeds that have a value; [n=k] when some have none."""
+def mean_interval(values: pd.Series, unit: str = "") -> str:
+    """mean ± 95% t half-width over the seeds that have a value; [n=k] when some have none.
+    unit "%": the values are shares, shown in percent."""
     seeds, values = len(values), values.dropna().astype(float)
+    scale = 100 if unit == "%" else 1
     if len(values) == 0:
         return "—"
     if len(values) == 1:
-        return f"{values.iloc[0]:.3g} [n=1]"
+        return f"{scale * values.iloc[0]:.3g}{unit} [n=1]"
     half = float(t_half_width(values.std(ddof=1), len(values)))
     some = "" if len(values) == seeds else f" [n={len(values)}]"
-    return f"{values.mean():.3g} ± {half:.2g}{some}"
+    return f"{scale * values.mean():.3g}{unit} ± {scale * half:.2g}{unit}{some}"
+
+
+def rate(k: int, n: int) -> str:
+    """k/n and the exact (Clopper–Pearson) 95% interval."""
+    low, high = map(float, clopper_pearson(k, n))
+    return f"{k}/{n} [{low:.2f}, {high:.2f}]"
+
+
+def median_range(values: pd.Series) -> str:
+    """median (min–max) of the values there are; one value alone; — for none."""
+    values = values.dropna()
+    if len(values) < 2:
+        return f"{values.iloc[0]:.0f}" if len(values) else "—"
+    return f"{values.median():.0f} ({values.min():.0f}–{values.max():.0f})"
+
+
+def paired(better: int, worse: int) -> str:
+    """seeds better / worse than the unclipped run of the same seed, exact one-sided sign test
+    (ties, both or neither, say nothing)."""
+    return f"{better} / {worse}, {float(sign_test(better, worse, alternative='greater')):.3g}"
 
 
 def method(run: Run) -> str:
@@ -75,15 +98,19 @@ def per_run(sweep: Path) -> pd.DataFrame:
                 setting, order = method(run), (2, "", 0.0, r["clipping"])
                 unclipped = r["clipping"] == "none"
             order = (0, "", 0.0, "") if unclipped else order
+            errors = m["error_rate/val"].iloc[:measured].dropna()
+            succeeded = r["success"] == "1.0"
             rows.append({
                 "setting": setting, "order": order, "part": part, "seed": int(r["seed"]),
-                "run": r["run"], "diverged": diverged,
+                "run": r["run"], "diverged": diverged, "success": succeeded,
                 "diverged_step": float(r["diverged_step"]) if diverged else np.nan,
+                "success_step": float(r["steps_to_success"]) if succeeded else np.nan,
+                "error_rate": np.nan if diverged or errors.empty else float(errors.iloc[-1]),
                 "spikes_per_100": 100 * float(r["loss_spikes"]) / max(measured, 1),
-                "final_loss": np.nan if diverged else float(r["final_loss"]),
                 "val_loss": np.nan if diverged else float(r["val_loss"]),
                 "elements_clipped": float(r["clip_fraction"]),
                 "steps_clipped": m["param_clip/clipped"].iloc[:measured].mean(),
+                "wall_time_s": float(run.summary["wall_time_s"]),
                 "loss": m["loss/train"].to_numpy()})
     return pd.DataFrame(rows)
 
@@ -104,39 +131,45 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for setting, g in runs.groupby("setting", sort=False):
         g = g.drop_duplicates("seed").set_index("seed").sort_index()
-        k, n = int(g["diverged"].sum()), len(g)
-        low, high = map(float, clopper_pearson(k, n))
-        steps = g["diverged_step"].dropna()
+        n, unclipped = len(g), setting == "unclipped"
+        p = base.loc[g.index]
         row = {"setting": setting, "order": g["order"].iloc[0],
-               "diverged": f"{k}/{n} [{low:.2f}, {high:.2f}]",
-               "diverged at step": (f"{steps.median():.0f} ({steps.min():.0f}–{steps.max():.0f})"
-                                    if len(steps) else "—"),
-               "spikes / 100 steps": mean_interval(g["spikes_per_100"]),
-               "final loss (not diverged)": mean_interval(g["final_loss"]),
-               "val loss (not diverged)": mean_interval(g["val_loss"])}
-        if setting != "unclipped":
-            paired = base.loc[g.index]
-            fewer = int((g["spikes_per_100"] < paired["spikes_per_100"]).sum())
-            more = int((g["spikes_per_100"] > paired["spikes_per_100"]).sum())
-            p_spikes = float(sign_test(fewer, more, alternative="greater"))
-            # exact one-sided sign test: seeds where unclipped diverged and this did not, vs
-            # the reverse (ties, both or neither diverged, say nothing)
-            better = int((paired["diverged"] & ~g["diverged"]).sum())
-            worse = int((~paired["diverged"] & g["diverged"]).sum())
-            p = float(sign_test(better, worse, alternative="greater"))
-            row["vs unclipped: seeds saved / lost, p"] = f"{better} / {worse}, {p:.3g}"
-            row["vs unclipped: fewer spikes / 100"] = f"{fewer}/{n}, {p_spikes:.3g}"
-        else:
-            row["vs unclipped: seeds saved / lost, p"] = "base"
-            row["vs unclipped: fewer spikes / 100"] = "base"
-        clipped = (g["elements_clipped"].mean() if g["part"].iloc[0] == "activation"
-                   else g["steps_clipped"].mean())
-        row["clipped"] = ("—" if setting == "unclipped" else
-                          f"{100 * clipped:.1f}% of " +
-                          ("dy elements" if g["part"].iloc[0] == "activation" else "steps"))
+               "learned": rate(int(g["success"].sum()), n),
+               "vs unclipped: seeds gained / lost, p": "base" if unclipped else paired(
+                   int((g["success"] & ~p["success"]).sum()),
+                   int((~g["success"] & p["success"]).sum())),
+               "learned by step": median_range(g["success_step"]),
+               "val error rate (not diverged)": mean_interval(g["error_rate"], "%"),
+               "val loss (not diverged)": mean_interval(g["val_loss"]),
+               "diverged": rate(int(g["diverged"].sum()), n),
+               "diverged at step": median_range(g["diverged_step"]),
+               "vs unclipped: seeds saved / lost, p": "base" if unclipped else paired(
+                   int((p["diverged"] & ~g["diverged"]).sum()),
+                   int((~p["diverged"] & g["diverged"]).sum())),
+               "spikes / 100 steps": mean_interval(g["spikes_per_100"])}
+        activation = g["part"].iloc[0] == "activation"
+        clipped = g["elements_clipped"].mean() if activation else g["steps_clipped"].mean()
+        row["clipped"] = ("—" if unclipped else f"{100 * clipped:.1f}% of " +
+                          ("dy elements" if activation else "steps"))
         rows.append(row)
     rows.sort(key=lambda row: row.pop("order"))  # unclipped, clip layer by place and bound, methods
     return pd.DataFrame(rows)
+
+
+def wall_time(sweep: Path, runs: pd.DataFrame) -> str:
+    """run.sh's seconds for both sweeps (if it wrote them) and the runs' own wall times."""
+    times = runs["wall_time_s"]
+    text = (f"A run's own wall time (`wall_time_s` of its summary.json, from the run's start in "
+            f"its worker process to its end: data, model, compilation, training, evaluation): "
+            f"median "
+            f"{times.median():.0f} s, {times.min():.0f}–{times.max():.0f} s, "
+            f"{times.sum():.0f} s for the {len(runs)} runs together.")
+    marker = sweep / "wall_time.txt"
+    if marker.exists():
+        seconds, jobs = marker.read_text().split()
+        text = (f"Both sweeps, launch to last run: {int(seconds)} s ({int(seconds) / 60:.0f} min) "
+                f"with {jobs} run(s) at a time. " + text)
+    return text
 
 
 def main(sweep: Path) -> None:
@@ -145,17 +178,23 @@ def main(sweep: Path) -> None:
     text = ["# exploding_rnn: every setting against the unclipped runs", "",
             f"Sweep: `{sweep}`. The unclipped row stands for {copies} identical copies per seed "
             "(clip=null at each placement, clipping=none): their losses agree step by step.", "",
+            wall_time(sweep, runs), "",
             table(runs).to_markdown(index=False), "",
-            "diverged: runs that diverged / runs, exact (Clopper–Pearson) 95% interval. "
-            "diverged at step: median (range). spikes / 100 steps: `loss_spikes` over the steps "
-            "before divergence, mean ± 95% t half-width over seeds. final and val loss: mean ± "
-            "95% t half-width over the seeds that did not diverge (predicting the mean scores "
-            "1/6 ≈ 0.167). seeds saved / lost: seeds where the unclipped run diverged and this "
-            "setting's did not / the reverse; p: exact one-sided sign test on those seeds. "
-            "fewer spikes: seeds whose spike rate is below the unclipped run's of the same "
-            "seed, and the one-sided sign test (ties left out). clipped: the clip layer's share "
-            "of dy elements changed, or the share of steps whose parameter gradients the method "
-            "changed.", ""]
+            "learned: runs that succeeded / runs (Pascanu et al.'s criterion: the run did not "
+            "diverge and, at its last evaluation, under 1% of the 4096 held-out sequences have a "
+            "squared error above 0.04), exact (Clopper–Pearson) 95% interval. seeds gained / "
+            "lost: seeds where this setting learned and the unclipped run did not / the reverse; "
+            "p: exact one-sided sign test on those seeds. learned by step: the first evaluation "
+            "(every 200 steps) under 1%, median (range) over the runs that learned. val error "
+            "rate: the share of held-out sequences above 0.04 at the last evaluation, mean ± 95% "
+            "t half-width over the seeds that did not diverge (predicting the mean sum, 1, "
+            "misclassifies 64%). val loss: the held-out mean squared error at the end, likewise "
+            "(predicting the mean scores 1/6 ≈ 0.167). diverged: runs that diverged / runs, "
+            "exact 95% interval; diverged at step: median (range); seeds saved / lost: seeds "
+            "where the unclipped run diverged and this setting's did not / the reverse, one-sided "
+            "sign test. spikes / 100 steps: `loss_spikes` over the steps before divergence, "
+            "mean ± 95% t half-width over seeds. clipped: the clip layer's share of dy elements "
+            "changed, or the share of steps whose parameter gradients the method changed.", ""]
     (HERE / "table.md").write_text("\n".join(text))
     print("\n".join(text))
 
