@@ -102,7 +102,11 @@ def write_hparams_config(sweep_dir: Path, configs: list[DictConfig]) -> None:
     for cfg in configs:
         for key, value in hparams(cfg).items():
             values.setdefault(key, set()).add(value)
-    domains = [HParam(key, Discrete(sorted(v))) for key, v in values.items()]
+    # a key that is nullable in one schema and not in another (clipping.max_norm of
+    # global_norm and of norm) takes strings and numbers: its domain is their strings
+    domains = [HParam(key, Discrete(sorted(v if len({type(x) for x in v}) == 1
+                                           else {str(x) for x in v})))
+               for key, v in values.items()]
     metrics = [Metric(f"final/{name}") for name in FINAL_METRICS]
     sweep_dir.mkdir(parents=True, exist_ok=True)
     with open(sweep_dir / event_file_name(), "wb") as f:

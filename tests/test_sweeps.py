@@ -173,3 +173,19 @@ def test_a_sweep_over_parameter_clipping_methods_runs_and_summarizes(tmp_path):
     final = tidy[tidy["metric"] == "final_loss"].set_index("clipping")
     assert sorted(final.index) == sorted(methods)
     assert (final.drop(index="none")["baseline"] == "clipping=none").all()
+
+
+def test_the_hparams_config_takes_a_key_that_is_a_string_in_one_schema_a_number_in_another(
+        make_cfg, tmp_path):
+    """clipping.max_norm may be null under global_norm (so a string, "40.0") and not under norm
+    (the number 20.0): a sweep over both methods still gets its HParams experiment."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from gradexp.logs import hparams, write_hparams_config
+
+    configs = [make_cfg("clipping=global_norm"), make_cfg("clipping=norm")]
+    assert {type(hparams(c)["clipping.max_norm"]) for c in configs} == {str, float}
+    write_hparams_config(tmp_path, configs)
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert "_hparams_/experiment" in events.summary_metadata
