@@ -13,3 +13,7 @@ python -m gradexp.train -m +experiment=pascanu_adding hydra/launcher=joblib \
     hydra.launcher.n_jobs=2 hydra.sweep.dir="$sweep" \
     seed="${SEEDS:-0,1,2,3,4,5,6,7,8,9}" clipping.max_norm=null,1.0
 python -m gradexp.summarize "$sweep" --baseline clipping.max_norm=null --plots --out "$study"
+# both seed ranges in one table (needs the summaries of 0-9 here and of 10-19 in unseen/)
+if [ -f experiments/pascanu_adding/runs.csv ] && [ -f experiments/pascanu_adding/unseen/runs.csv ]; then
+    python experiments/pascanu_adding/pooled.py
+fi
