@@ -46,7 +46,12 @@ def short_run(make_cfg, run_dir, model, dataset, *overrides):
 
 def assert_trained(summary, table, dataset, positions):
     assert summary["status"] == "completed"
-    assert list(table.columns) == ["step", *metric_names(positions), "loss/val", "accuracy/val"]
+    # the clip layers' measurements, then the telemetry of every layer with weights, the head last
+    layers = list(dict.fromkeys(c.split("/")[1] for c in table.columns
+                                if c.startswith("update_norm/")))
+    assert layers[-1] == "head" and len(layers) >= 2
+    assert list(table.columns) == ["step", *metric_names(positions, weight_layers=layers),
+                                   "loss/val", "accuracy/val"]
     assert len(table) == 4 and np.isfinite(table["loss/train"]).all()
     assert np.isfinite(table["loss/val"].iloc[-1])
     if dataset in REGRESSION:  # squared error; no accuracy
