@@ -138,3 +138,27 @@ def test_param_clip_fraction(tmp_path):
     write_run(tmp_path / "old" / "b", ["clip=0.1"], [2, 1])
     _, tidy = summarize(load_runs(tmp_path / "old")[0], baseline={"clip": "null"})
     assert "param_clip_fraction" not in group_table(tidy, ["clip"], {"clip": "null"})
+
+
+def test_spike_skipped_steps_count_the_skips_before_the_divergence_and_are_compared(tmp_path):
+    """Σ spike_skipped over the steps before the divergence (1 + 1 + 0 + 1 before the NaN at 5:
+    3), NaN for a run that did not skip; compared with the baseline seed by seed (fewer: a win)
+    and printed only when some run logged it."""
+    for seed in range(2):
+        write_run(tmp_path / f"none_{seed}", ["trainer.on_spike=none", f"seed={seed}"],
+                  [2, 1, 1, 1, 1], columns={"spike_skipped": [0, 0, 0, 0, 0]})
+        write_run(tmp_path / f"skip_{seed}", ["trainer.on_spike=skip", f"seed={seed}"],
+                  [2, 1, 1, 1, math.nan], columns={"spike_skipped": [1, 1, 0, 1, 1]})
+    runs_table, tidy = summarize(load_runs(tmp_path)[0],
+                                 baseline={"trainer.on_spike": "none"})
+    assert runs_table.set_index("run").loc["skip_0", "spike_skipped_steps"] == 3
+    row = tidy[tidy["metric"] == "spike_skipped_steps"].set_index("trainer.on_spike").loc["skip"]
+    assert row["mean"] == 3 and row["diff_mean"] == 3 and row["losses"] == 2
+    table = group_table(tidy, ["trainer.on_spike"], {"trainer.on_spike": "none"})
+    assert "spike_skipped_steps" in table
+    (tmp_path / "old").mkdir()
+    write_run(tmp_path / "old" / "a", ["clip=null"], [2, 1])
+    write_run(tmp_path / "old" / "b", ["clip=0.1"], [2, 1])
+    runs_table, tidy = summarize(load_runs(tmp_path / "old")[0], baseline={"clip": "null"})
+    assert math.isnan(runs_table["spike_skipped_steps"].iloc[0])
+    assert "spike_skipped_steps" not in group_table(tidy, ["clip"], {"clip": "null"})

@@ -30,3 +30,10 @@ python -m gradexp.summarize "$sweep/activation" --baseline clip=null "${summariz
 python -m gradexp.summarize "$sweep/params" --baseline clipping=none "${summarize[@]}" \
     --out "$study/params"
 python experiments/exploding_rnn/table.py "$sweep"
+# skipping spiky steps instead of clipping (trainer.on_spike=skip), unclipped, at the default
+# warm-up of the spike statistics (50 steps) and at 5: spikes/ (10 runs, under a minute each)
+python -m gradexp.train -m +experiment=exploding_rnn "${parallel[@]}" \
+    hydra.sweep.dir="$sweep/spikes" clip=null "layer.positions=[rnn_1]" \
+    trainer.on_spike=skip trainer.spike_warmup=5,50
+python -m gradexp.summarize "$sweep/spikes" --baseline trainer.spike_warmup=50 \
+    --out "$study/spikes"

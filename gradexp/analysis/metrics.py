@@ -21,7 +21,7 @@ METRICS: dict[str, str | None] = {  # each metric, the better direction (None: n
     "val_accuracy": "higher", "loss_spike_rate": "lower", "mean_loss": "lower",
     "grad_norm_mean": None, "grad_norm_cv": "lower", "grad_norm_p99_p50": "lower",
     "grad_norm_max": "lower", "clip_fraction": None, "param_clip_fraction": None,
-    "steps_to_target": "lower"}
+    "steps_to_target": "lower", "spike_skipped_steps": "lower"}
 RUN_EXTRAS = ["loss_spikes", "measured_steps"]  # in runs.csv: the rate's numerator, denominator
 # Only for runs whose dataset has a success criterion (an `error_rate/val` column): a sweep
 # without one keeps exactly the metrics (and files) above.
@@ -140,6 +140,13 @@ def param_clip_fraction(table: pd.DataFrame) -> float:
     return math.nan if clipped is None else float(np.mean(clipped.to_numpy(float)))
 
 
+def spike_skipped_steps(table: pd.DataFrame) -> float:
+    """Σ_t spike_skipped_t: the steps trainer.on_spike=skip did not apply; NaN without that
+    column (a run with on_spike=none)."""
+    skipped = table.get("spike_skipped")
+    return math.nan if skipped is None else float(np.sum(skipped.to_numpy(float)))
+
+
 def steps_to_target(loss: np.ndarray, steps: np.ndarray, target: float,
                     window: int = 20) -> float:
     """The first step t with mean(loss_{t-window+1} … loss_t) ≤ target (a trailing mean over up
@@ -194,6 +201,7 @@ def run_metrics(table: pd.DataFrame, settings: Settings = DEFAULTS, divergence_f
         "grad_norm_max": grad_norm_max(norm),
         "clip_fraction": clip_fraction(part),
         "param_clip_fraction": param_clip_fraction(part),
+        "spike_skipped_steps": spike_skipped_steps(part),
         "steps_to_target": steps_to_target(loss, part["step"].to_numpy(), target_loss,
                                            settings.spike_window),
         **success,

@@ -69,7 +69,8 @@ def _diff_cell(row: pd.Series, baseline: dict[str, str]) -> str:
 def printed_metrics(tidy: pd.DataFrame) -> list[str]:
     """The metrics of the printed table: `val_accuracy`, or `val_loss` if no group has an
     accuracy (regression), or both if only some groups have one; `steps_to_success` if some run
-    reached its success criterion; `param_clip_fraction` if some run logged it."""
+    reached its success criterion; `param_clip_fraction` and `spike_skipped_steps` if some run
+    logged them."""
     def measured(metric: str) -> np.ndarray:  # per group: does some seed have a value
         return tidy.loc[tidy["metric"] == metric, "n"].to_numpy() > 0
 
@@ -77,6 +78,7 @@ def printed_metrics(tidy: pd.DataFrame) -> list[str]:
     val = (["val_loss"] if not accuracy.any() else
            ["val_accuracy"] if (accuracy | ~loss).all() else ["val_loss", "val_accuracy"])
     param = ["param_clip_fraction"] if measured("param_clip_fraction").any() else []
+    param += ["spike_skipped_steps"] if measured("spike_skipped_steps").any() else []
     success = ["steps_to_success"] if measured("steps_to_success").any() else []
     return ["final_loss", *val, "loss_spike_rate", "grad_norm_cv", "steps_to_target", *success,
             "clip_fraction", *param]
