@@ -9,5 +9,5 @@ sweep="outputs/multirun/mnist1d/$(date +%Y-%m-%d_%H-%M-%S)"
 python -m gradexp.train -m "+experiment=mnist1d,mnist1d_cnn,mnist1d_gru" seed=0,1,2,3,4 \
     hydra/launcher=joblib hydra.launcher.n_jobs="${JOBS:-2}" hydra.sweep.dir="$sweep"
 # no clipping here: the MLP's runs are the reference the other two are paired with, by seed
-python -m gradexp.summarize "$sweep" --baseline +experiment=mnist1d --plots --out "$study"
+python -m gradexp.summarize "$sweep" --baseline experiment=mnist1d --plots --out "$study"
 python "$study/table.py"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 HERE = Path(__file__).resolve().parent
-PRESET = "+experiment"
+PRESET = "experiment"  # the grouping key of a `+experiment=a,b` sweep
 PAPER = {"mnist1d": ("MLP", 68), "mnist1d_cnn": ("CNN", 94), "mnist1d_gru": ("GRU", 91)}
 MARGIN = 3  # points: the bar is the paper's accuracy less 3
 
