@@ -53,6 +53,10 @@ BAD = [
      "positive number, or null"),
     (["trainer.eval_every=-5"], "trainer.eval_every=-5", ">= 1"),
     (["trainer.on_divergence=ignore"], "trainer.on_divergence=ignore", "stop, continue"),
+    (["trainer.on_spike=clip"], "trainer.on_spike=clip", "none, skip"),
+    (["trainer.spike_z=0"], "trainer.spike_z=0.0", "> 0"),
+    (["trainer.spike_warmup=0"], "trainer.spike_warmup=0", ">= 1"),
+    (["trainer.spike_alpha=1"], "trainer.spike_alpha=1.0", "(0, 1)"),
     # contradictory settings
     (["strategy=mirrored", "trainer.on_divergence=continue"], "trainer.on_divergence=continue",
      "one device only"),
