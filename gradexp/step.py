@@ -16,9 +16,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from gradexp import clipping, config, models, optimizers, telemetry
-from gradexp.spikes import SpikeDetector
 from gradexp._tf import keras, tf
 from gradexp.measures import diverged
+from gradexp.spikes import SpikeDetector
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ class TrainerConfig:
     checkpoint_every: int = MISSING  # 0: only when the run stops
     on_divergence: str = MISSING  # stop | continue (skipping non-finite updates)
     layer_norms: bool = True  # per-layer gradient, update and weight norms (gradexp/telemetry.py)
-    on_spike: str = "none"  # skip: a step whose loss or ‖g‖ spikes is not applied (gradexp/spikes.py)
+    on_spike: str = "none"  # skip: a step whose loss or ‖g‖ spikes is skipped (gradexp/spikes.py)
     spike_z: float = 6.0  # a spike: z-score above this against the running (EMA) statistics
     spike_warmup: int = 50  # steps that set the statistics before any step can be a spike
     spike_alpha: float = 0.99  # the EMA's factor
