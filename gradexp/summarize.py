@@ -55,6 +55,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the trailing window of spikes and steps_to_target (default: 20)")
     parser.add_argument("--spike-min-rise", type=_in_range(float, 1), default=0.05, metavar="R",
                         help="and by more than R × the first loss (default: 0.05)")
+    parser.add_argument("--spike-score-window", type=_in_range(int), default=1000, metavar="W",
+                        help="the spike scores' rolling window, in steps (default: 1000)")
+    parser.add_argument("--spike-score-sigmas", type=_in_range(float), default=7.0, metavar="K",
+                        help="a spike score counts values K standard deviations from the rolling "
+                             "mean (default: 7)")
     parser.add_argument("--plots", action="store_true", help="also write the PNGs")
     parser.add_argument("--out", type=Path, metavar="OUT", help="where to write (default: DIR)")
     return parser.parse_args(argv)
@@ -131,7 +136,8 @@ def _main(args: argparse.Namespace) -> int:
         raise UsageError(f"{root}: no readable runs"
                          + (f" ({len(skipped)} skipped)" if skipped else ""))
     settings = Settings(args.final_fraction, args.spike_factor, args.spike_window,
-                        args.spike_min_rise, args.target_loss)
+                        args.spike_min_rise, args.target_loss, args.spike_score_window,
+                        args.spike_score_sigmas)
     keys = grouping_keys(runs)
     baseline = choose_baseline(args.baseline, group_values(runs, keys), keys)
     runs_table, tidy = summarize(runs, settings, baseline)

@@ -19,6 +19,7 @@ from gradexp.analysis.metrics import (
     loss_spike_rate,
     loss_spikes,
     run_metrics,
+    spike_score,
     steps_to_target,
 )
 from gradexp.analysis.reports import group_table
@@ -51,6 +52,8 @@ def test_metrics_of_one_run(tmp_path):
     assert m["clip_fraction"] == pytest.approx((0.1 + 0.25) / 2)  # dense_1 0.1, dense_2 0.25
     assert (m["val_loss"], m["val_accuracy"]) == (1.0, 0.75)  # the last evaluation, step 10
     assert math.isnan(m["param_clip_fraction"])  # no param_clip/clipped column
+    # over k ≤ 10 values no value is √(k − 1) ≤ 3 < 7 standard deviations from their mean
+    assert m["loss_spike_score"] == 0 and m["grad_norm_spike_score"] == 0
 
 
 def test_default_settings_and_edge_values():
@@ -69,6 +72,47 @@ def test_default_settings_and_edge_values():
     assert steps_to_target(loss, steps, 0.5, window=1) == 8
     assert math.isnan(steps_to_target(loss, steps, 0.1, window=3))  # never reached
     assert clip_fraction(pd.DataFrame({"loss/train": [1.0]})) == 0  # no clip layer
+
+
+def alternating(n):
+    """1.01, 0.99, 1.01, ...: each value is (at most) 1σ from the mean of the values up to it
+    (over an even number of them: mean 1, standard deviation 0.01)."""
+    return 1 + 0.01 * (-1.0) ** np.arange(n)
+
+
+def test_spike_score_by_hand():
+    """OLMo 2's spike score: the percentage of values ≥ 7σ from the rolling mean of the last
+    1000 (the value included). Two outliers in 3000 values: 2/3000 · 100; one below the mean
+    counts too (|x − m|); 1200 steps apart, neither is in the other's window."""
+    x = alternating(3000)
+    x[1499] += 1  # step 1500, 1.99: window 501..1500 has mean 1.001, std 0.0328: z = 30.1
+    x[2699] -= 1  # step 2700, −0.01: window 1701..2700, mean 0.999, std 0.0335: z = −30.2
+    assert spike_score(x) == pytest.approx(100 * 2 / 3000)
+    assert spike_score(alternating(3000)) == 0  # every value 1σ from the mean: none
+    assert spike_score(x, sigmas=31) == 0  # the threshold is a setting
+    assert math.isnan(spike_score(np.array([1.0, math.nan, 1.0])))  # e.g. no grad-norm column
+
+
+def test_spike_score_counts_a_value_only_at_least_sigmas_away():
+    """The same step 1500 of an alternating series: 1.06 is 5.9σ from its window's mean
+    (1.00007, std 0.01017), not a spike; 1.08 is 7.75σ (1.00009, 0.01031), one in 2000."""
+    below, above = alternating(2000), alternating(2000)
+    below[1499], above[1499] = 1.06, 1.08
+    assert spike_score(below) == 0
+    assert spike_score(above) == 100 / 2000
+    assert spike_score(below, sigmas=5.5) == 100 / 2000 and spike_score(above, sigmas=8) == 0
+
+
+def test_spike_score_of_a_run_shorter_than_the_window():
+    """Before `window` values exist the rolling statistics are over the values so far. k − 1
+    equal values and one other: that one is exactly √(k − 1) standard deviations from the
+    mean, whatever its size, so at 7σ no value among the first 49 can count: step 49 is
+    √48 = 6.93σ away, step 51 √50 = 7.07σ (one spike in 60 values)."""
+    early, late = np.ones(60), np.ones(60)
+    early[48], late[50] = 100.0, 100.0
+    assert spike_score(early) == 0
+    assert spike_score(late) == pytest.approx(100 / 60)
+    assert spike_score(late, window=10) == 0  # a window of 10: never more than 3σ
 
 
 @pytest.mark.parametrize(("losses", "norms", "factor", "step"), [

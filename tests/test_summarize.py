@@ -70,6 +70,40 @@ def test_cli_end_to_end(tmp_path):
     assert "## final_loss (lower is better)" in (sweep / "summary.md").read_text()
 
 
+def test_summary_csv_compares_the_spike_scores_seed_by_seed(tmp_path, capsys):
+    """grad_norm_spike_score in summary.csv, against the baseline like every metric: each
+    clip=null seed has one 7σ gradient-norm spike in 100 steps (step 80: 5.0 among 79 values
+    alternating 1 ± 0.01, mean 1.05, std 0.444: 8.9σ), each clip=0.1 seed none; so the
+    baseline's mean is 1 (%), clip=0.1's 0, Δ −1 with 2 wins in 2. --spike-score-sigmas 9 sets
+    the threshold above that spike, --spike-score-window the window."""
+    steady = [1 + 0.01 * (-1) ** t for t in range(100)]
+    spiky = [*steady[:79], 5.0, *steady[80:]]
+    for seed in range(2):
+        for clip, norms in (("null", spiky), ("0.1", steady)):
+            write_run(tmp_path / f"{clip}_{seed}", [f"clip={clip}", f"seed={seed}"], steady,
+                      norms=norms)
+
+    def scores(*options):
+        assert S.main([str(tmp_path), *options]) == 0
+        tidy = read_csv(tmp_path / "summary.csv").set_index(["metric", "clip"])
+        return tidy.loc["grad_norm_spike_score"], tidy.loc["loss_spike_score"]
+
+    grad, loss = scores()
+    assert grad.loc["null", "mean"] == 1 and grad.loc["null", "better"] == "lower"
+    row = grad.loc["0.1"]
+    assert (row["mean"], row["baseline"], row["n_paired"], row["diff_mean"]) == (
+        0, "clip=null", 2, -1)
+    assert (row["wins"], row["losses"], row["win_rate"]) == (2, 0, 1)
+    assert (loss["mean"] == 0).all()  # the losses alternate 1 ± 0.01: no spike
+    assert "grad_norm_spike_score" in capsys.readouterr().out  # a column of the printed table
+    grad, _ = scores("--spike-score-sigmas", "9")
+    assert (grad["mean"] == 0).all()
+    grad, _ = scores("--spike-score-window", "10")  # over 10 values: at most 3σ
+    assert (grad["mean"] == 0).all()
+    assert "spike score 7.0σ over a rolling window of 10 steps" in (
+        tmp_path / "summary.md").read_text()
+
+
 def test_plots_name_every_panel_and_use_a_log_axis_for_far_apart_losses(tmp_path, monkeypatch):
     """Groups clipping at different positions each appear in their own panel's legend; final
     losses decades apart (diverged runs) are drawn on a log axis whose bottom is above 0."""

@@ -18,7 +18,8 @@ from gradexp.measures import divergence_step, final_loss, succeeded, success_ste
 
 METRICS: dict[str, str | None] = {  # each metric, the better direction (None: no wins)
     "diverged": "lower", "diverged_step": None, "final_loss": "lower", "val_loss": "lower",
-    "val_accuracy": "higher", "loss_spike_rate": "lower", "mean_loss": "lower",
+    "val_accuracy": "higher", "loss_spike_rate": "lower", "loss_spike_score": "lower",
+    "grad_norm_spike_score": "lower", "mean_loss": "lower",
     "grad_norm_mean": None, "grad_norm_cv": "lower", "grad_norm_p99_p50": "lower",
     "grad_norm_max": "lower", "clip_fraction": None, "param_clip_fraction": None,
     "steps_to_target": "lower", "spike_skipped_steps": "lower"}
@@ -42,6 +43,8 @@ class Settings:
     spike_window: int = 20
     spike_min_rise: float = 0.05
     target_loss: float | None = None  # None: from each group's matching baseline group
+    spike_score_window: int = 1000  # OLMo 2's spike score: the rolling window, in values
+    spike_score_sigmas: float = 7.0  # and how many standard deviations away is a spike
 
 
 DEFAULTS = Settings()
@@ -96,6 +99,24 @@ def loss_spike_rate(loss: np.ndarray, factor: float = 2.0, window: int = 20,
     """100 · loss_spikes / n: spikes per 100 of the n measured steps (a run that diverges early
     has fewer steps to spike in)."""
     return 100 * loss_spikes(loss, factor, window, min_rise) / len(loss)
+
+
+def spike_score(x: np.ndarray, window: int = 1000, sigmas: float = 7.0) -> float:
+    """100 · #{t : s_t > 0 and |x_t − m_t| ≥ sigmas · s_t} / n: the percentage of the n values
+    at least `sigmas` standard deviations away from their rolling average, m_t and s_t the mean
+    and standard deviation (ddof=0) of the `window` values ending at t, x_t included (of x_1 …
+    x_t while t < window). OLMo 2's spike score (Team OLMo 2024, arXiv:2501.00656 §3.2: window
+    1000, 7σ, both directions), which AdaGC (Wang et al. 2025, arXiv:2502.11034) reports. Over
+    k values a value's own |x_t − m_t| is at most √(k − 1) · s_t: at 7σ none of the first 49
+    can count. NaN if some value is not finite (no gradient-norm column, say)."""
+    x = np.asarray(x, float)
+    if not len(x) or not np.isfinite(x).all():
+        return math.nan
+    # pandas' rolling variance: compensated sums, exactly 0 over a constant window
+    rolling = pd.Series(x).rolling(window, min_periods=1)
+    mean, std = rolling.mean().to_numpy(), rolling.std(ddof=0).to_numpy()
+    spikes = (std > 0) & (np.abs(x - mean) >= sigmas * std)
+    return float(100 * np.sum(spikes) / len(x))
 
 
 def mean_loss(loss: np.ndarray) -> float:
@@ -188,12 +209,15 @@ def run_metrics(table: pd.DataFrame, settings: Settings = DEFAULTS, divergence_f
               for c in (GRAD_NORM, "loss/val", "accuracy/val")}
     norm = column[GRAD_NORM]
     spike_settings = settings.spike_factor, settings.spike_window, settings.spike_min_rise
+    score_settings = settings.spike_score_window, settings.spike_score_sigmas
     return {
         **divergence,
         "final_loss": final_loss(loss, settings.final_fraction),
         "val_loss": last_evaluated(column["loss/val"]),
         "val_accuracy": last_evaluated(column["accuracy/val"]),
         "loss_spike_rate": loss_spike_rate(loss, *spike_settings),
+        "loss_spike_score": spike_score(loss, *score_settings),
+        "grad_norm_spike_score": spike_score(norm, *score_settings),
         "mean_loss": mean_loss(loss),
         "grad_norm_mean": grad_norm_mean(norm),
         "grad_norm_cv": grad_norm_cv(norm),

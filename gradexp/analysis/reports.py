@@ -80,8 +80,8 @@ def printed_metrics(tidy: pd.DataFrame) -> list[str]:
     param = ["param_clip_fraction"] if measured("param_clip_fraction").any() else []
     param += ["spike_skipped_steps"] if measured("spike_skipped_steps").any() else []
     success = ["steps_to_success"] if measured("steps_to_success").any() else []
-    return ["final_loss", *val, "loss_spike_rate", "grad_norm_cv", "steps_to_target", *success,
-            "clip_fraction", *param]
+    return ["final_loss", *val, "loss_spike_rate", "loss_spike_score", "grad_norm_spike_score",
+            "grad_norm_cv", "steps_to_target", *success, "clip_fraction", *param]
 
 
 def group_table(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],
@@ -164,7 +164,9 @@ def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str
     stable = max_stable_table(tidy, keys, baseline)
     lines += [f"Metrics: final fraction {settings.final_fraction}, spike factor "
               f"{settings.spike_factor}, spike window {settings.spike_window} steps, "
-              f"spike minimum rise {settings.spike_min_rise} × first loss "
+              f"spike minimum rise {settings.spike_min_rise} × first loss, spike score "
+              f"{settings.spike_score_sigmas}σ over a rolling window of "
+              f"{settings.spike_score_window} steps "
               "(definitions: README, \"Summarizing a sweep\").", "",
               "## Groups", "",
               group_table(tidy, keys, baseline).to_markdown(index=False), ""]
