@@ -16,6 +16,7 @@ import csv
 import os
 import socket
 import time
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,13 @@ SCALAR = scalar_metadata.create_summary_metadata(display_name=None, description=
 def hparams(cfg: DictConfig) -> dict[str, bool | int | float | str]:
     """The config flattened to `a.b.c: value` for TensorBoard's HParams view.
 
-    Keys that may be null (e.g. `clip`) are always strings, so that one column never mixes
-    numbers and strings: TensorBoard hides runs in such a column (tensorboard#2942).
+    Keys that may be null are always strings (null is "null"), so that one column never mixes
+    numbers and strings: TensorBoard hides runs in such a column (tensorboard#2942). "May be
+    null" under any choice of the key's config group, not only the run's: clipping.max_norm is
+    "20.0" under norm too, because global_norm lets it be null; the other keys keep their type.
     """
     flat: dict[str, Any] = {}
+    nullable = _nullable_under_some_choice()
 
     def visit(node: DictConfig, prefix: str) -> None:
         for key in node:
@@ -47,12 +51,33 @@ def hparams(cfg: DictConfig) -> dict[str, bool | int | float | str]:
                 value = OmegaConf.to_container(child)
             else:
                 value = child._value()
-            if child._is_optional() or value is None or isinstance(value, list):
+            if (child._is_optional() or f"{prefix}{key}" in nullable or value is None
+                    or isinstance(value, list)):
                 value = "null" if value is None else str(value)
             flat[f"{prefix}{key}"] = value
 
     visit(cfg, "")
     return flat
+
+
+@cache
+def _nullable_under_some_choice() -> frozenset[str]:
+    """`group.key` for every key that some choice of a config group's schema lets be null
+    (clipping.max_norm: global_norm's; dataset.num_examples: mnist's)."""
+    from gradexp.config.hydra_glue import GROUPS
+
+    def optional(node: DictConfig, prefix: str) -> set[str]:
+        keys = set()
+        for key in node:
+            child = node._get_node(key)
+            if isinstance(child, DictConfig):
+                keys |= optional(child, f"{prefix}{key}.")
+            elif child._is_optional():
+                keys.add(f"{prefix}{key}")
+        return keys
+
+    return frozenset().union(*(optional(OmegaConf.structured(schema), f"{base.OPTIONS.group}.")
+                               for base in GROUPS for _, schema in base.OPTIONS.items()))
 
 
 FINAL_METRICS = ("loss", "val_loss", "val_accuracy")
@@ -102,8 +127,8 @@ def write_hparams_config(sweep_dir: Path, configs: list[DictConfig]) -> None:
     for cfg in configs:
         for key, value in hparams(cfg).items():
             values.setdefault(key, set()).add(value)
-    # a key that is nullable in one schema and not in another (clipping.max_norm of
-    # global_norm and of norm) takes strings and numbers: its domain is their strings
+    # hparams() gives each key one type in every run; should a key still take strings and
+    # numbers (a new schema's key of another type), its domain is their strings, not an error
     domains = [HParam(key, Discrete(sorted(v if len({type(x) for x in v}) == 1
                                            else {str(x) for x in v})))
                for key, v in values.items()]

@@ -175,17 +175,33 @@ def test_a_sweep_over_parameter_clipping_methods_runs_and_summarizes(tmp_path):
     assert (final.drop(index="none")["baseline"] == "clipping=none").all()
 
 
-def test_the_hparams_config_takes_a_key_that_is_a_string_in_one_schema_a_number_in_another(
-        make_cfg, tmp_path):
-    """clipping.max_norm may be null under global_norm (so a string, "40.0") and not under norm
-    (the number 20.0): a sweep over both methods still gets its HParams experiment."""
+def test_an_hparam_has_one_type_in_every_run_whichever_method_the_run_uses(make_cfg, tmp_path):
+    """clipping.max_norm may be null under global_norm and not under norm, dataset.num_examples
+    likewise under mnist and teacher: a sweep over both methods (or datasets) gets one HParams
+    column per key. Each key has one type in every run's HParams (a string "40.0" in one run and
+    the number 20.0 in another put the number outside the sweep's string domain, and
+    TensorBoard hid those runs, tensorboard#2942), and every run's value is in the domain of the
+    sweep's HParams experiment."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
 
     from gradexp.logs import hparams, write_hparams_config
 
-    configs = [make_cfg("clipping=global_norm"), make_cfg("clipping=norm")]
-    assert {type(hparams(c)["clipping.max_norm"]) for c in configs} == {str, float}
+    configs = [make_cfg("clipping=global_norm"), make_cfg("clipping=norm"),
+               make_cfg("clipping=global_norm", "clipping.max_norm=null"),
+               make_cfg("dataset=mnist"), make_cfg("dataset=teacher")]
+    runs = [hparams(c) for c in configs]
+    assert [r["clipping.max_norm"] for r in runs[:3]] == ["40.0", "20.0", "null"]
+    for key in set().union(*runs):
+        assert len({type(r[key]) for r in runs if key in r}) == 1, key
     write_hparams_config(tmp_path, configs)
     events = EventAccumulator(str(tmp_path))
     events.Reload()
-    assert "_hparams_/experiment" in events.summary_metadata
+    content = events.SummaryMetadata("_hparams_/experiment").plugin_data.content
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
+    domains = {info.name: [getattr(v, v.WhichOneof("kind")) for v in info.domain_discrete.values]
+               for info in experiment.hparam_infos}
+    for run in runs:
+        for key, value in run.items():  # a string among strings, a number among numbers
+            assert any(value == v and isinstance(value, str) == isinstance(v, str)
+                       for v in domains[key]), (key, value, domains[key])
