@@ -1,7 +1,8 @@
 """Hydra callbacks (listed under `hydra.callbacks` in conf/config.yaml).
 
 - `Checks`: every job's config is validated before any run directory is made; a sweep is
-  checked whole before its first run.
+  checked whole before its first run (a search: its space, and its corners' configs; the
+  search sweeper checks each trial's before it runs).
 - `SweepRecord`: at the end of a sweep, a one-line account of the runs with the command that
   summarizes them; exit status 1 when a run did not finish (a sweep goes on past a crashed run,
   and says so at the end). `Checks` writes the sweep root's HParams experiment config, so the
@@ -26,6 +27,7 @@ from gradexp import rundir
 from gradexp.config import ConfigError, explain, sweep_jobs, validate
 from gradexp.devices import check_device
 from gradexp.rundir import check_resumable, read_status
+from gradexp.search.space import from_config, is_search
 
 
 def _exit_if_invalid(check) -> Any:
@@ -54,8 +56,15 @@ class Checks(Callback):
 
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None,
                           **kwargs: Any) -> None:
+        searching = is_search(config)
+
         def check_all_jobs():
-            jobs = [compose(config_name=config_name, overrides=o) for o in sweep_jobs(config)]
+            if searching:  # trials are not known up front: check the space and its corners
+                overrides = from_config(config.hydra.sweeper,
+                                        list(config.hydra.overrides.task)).corner_jobs()
+            else:
+                overrides = sweep_jobs(config)
+            jobs = [compose(config_name=config_name, overrides=o) for o in overrides]
             for job in jobs:
                 validate(job)
                 if job.resume:
@@ -66,6 +75,8 @@ class Checks(Callback):
 
         jobs = _exit_if_invalid(check_all_jobs)
         _never_reuse(config.hydra.sweep, "dir")
+        if searching:  # the search writes it when its trials are known
+            return
         from gradexp.logs import write_hparams_config
 
         write_hparams_config(Path(config.hydra.sweep.dir), jobs)

@@ -54,3 +54,25 @@ def succeeded(error_rates, success_below: float, diverged_: bool) -> bool:
     rates = np.asarray(error_rates, float)
     rates = rates[~np.isnan(rates)]
     return bool(not diverged_ and len(rates) and rates[-1] < success_below)
+
+
+def search_objective(summary: dict, metric: str) -> float | None:
+    """A run's value in a search (`hydra/sweeper=optuna`; lower is better), from its
+    summary.json: +inf if it diverged, so that it ranks after every run that did not (Optuna
+    accepts inf, not NaN); its `metric` (final_loss or val_loss) if it completed, +inf if that
+    is not finite; None (no value: the trial fails) for a run that crashed or did not end."""
+    if summary.get("diverged") or summary.get("status") == "diverged":
+        return math.inf
+    value = summary.get(metric)
+    if summary.get("status") != "completed" or value is None:
+        return None
+    return float(value) if math.isfinite(value) else math.inf
+
+
+def trial_objective(values: list) -> float | None:
+    """A trial's value: the mean of its seeds' `search_objective`s; +inf if one diverged (a
+    setting at which some seed diverges ranks after every setting at which none does); None if
+    one has no value."""
+    if not values or any(v is None for v in values):
+        return None
+    return float(np.mean(values)) if all(math.isfinite(v) for v in values) else math.inf

@@ -5,8 +5,8 @@
 The command line over gradexp.analysis: read the run directories (analysis.runs), group them
 (analysis.groups), measure and compare each group with its baseline (analysis.metrics,
 analysis.stats, analysis.compare), print the table and write summary.csv, summary.md, runs.csv
-(analysis.reports) and with --plots the PNGs (analysis.plots, matplotlib). Definitions: README,
-"Summarizing a sweep".
+(analysis.reports) and with --plots the PNGs (analysis.plots, matplotlib); a search's history
+and best value too (analysis.search). Definitions: README, "Summarizing a sweep".
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from gradexp.analysis.reports import (
     max_stable_table,
 )
 from gradexp.analysis.runs import code_versions_warning, load_runs
+from gradexp.analysis.search import search_report, search_table
 
 DEFAULT_BASELINE = {"clip": "null", "clipping": "none"}
 
@@ -147,11 +148,17 @@ def _main(args: argparse.Namespace) -> int:
     if stable is not None:
         print(f"\n{MAX_STABLE_TITLE}:")
         print(stable.to_markdown(index=False, tablefmt="simple"))
+    searched = search_table(root, runs)  # a search (hydra/sweeper=optuna): its history, best
+    if searched is not None:
+        print("\n" + search_report(searched))
     out = args.out or root
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "summary.csv", out / "summary.md", out / "runs.csv"]
     tidy.to_csv(written[0], index=False)
-    written[1].write_text(markdown_report(tidy, keys, baseline, settings, skipped, root))
+    report = markdown_report(tidy, keys, baseline, settings, skipped, root)
+    if searched is not None:
+        report += "\n## Search\n\n" + search_report(searched) + "\n"
+    written[1].write_text(report)
     runs_table.to_csv(written[2], index=False)
     if args.plots:
         from gradexp.analysis.plots import plot_all

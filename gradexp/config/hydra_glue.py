@@ -20,6 +20,7 @@ from gradexp.config.dataset import DatasetConfig
 from gradexp.config.model import ModelConfig
 from gradexp.config.optimizer import OptimizerConfig
 from gradexp.config.root import Config
+from gradexp.config.search import SearchSweeperConfig
 from gradexp.rundir import HYDRA, NotResumable
 
 GROUPS = (ModelConfig, DatasetConfig, OptimizerConfig, ClippingConfig)  # their OPTIONS registries
@@ -27,9 +28,11 @@ GROUPS = (ModelConfig, DatasetConfig, OptimizerConfig, ClippingConfig)  # their 
 
 def register() -> None:
     """Put the schemas in Hydra's ConfigStore: the root as `base_config`, each option of a group
-    as `<group>_<name>_schema`, which conf/<group>/<name>.yaml extends."""
+    as `<group>_<name>_schema`, which conf/<group>/<name>.yaml extends (and the search
+    sweeper's, which conf/hydra/sweeper/optuna.yaml extends)."""
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
+    cs.store(name="search_sweeper_schema", node=SearchSweeperConfig)  # hydra/sweeper=optuna
     for base in GROUPS:
         for name, schema in base.OPTIONS.items():
             cs.store(name=f"{base.OPTIONS.group}_{name}_schema", node=schema)

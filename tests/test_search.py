@@ -1,0 +1,117 @@
+"""A search with Optuna (`-m hydra/sweeper=optuna`): a real multirun through gradexp's search
+sweeper and Hydra's basic launcher, then `python -m gradexp.summarize` on its directory."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import gradexp
+from gradexp.measures import search_objective, trial_objective
+
+# Tiny runs (as tests/test_sweeps.py) at a learning rate where an unclipped run, or one clipped
+# at 100, diverges within 10 steps and one clipped at 0.05 or below does not (seeds 0 and 1).
+TINY = ["trainer.jit_compile=false", "trainer.steps=30", "trainer.log_every=10",
+        "trainer.eval_every=30", "trainer.histogram_every=0", "model.width=8",
+        "optimizer.learning_rate=0.5"]
+SEARCH = ["hydra/sweeper=optuna", "clip=tag(log, interval(0.001, 0.05))", "seed=0,1",
+          "hydra.sweeper.n_trials=6", "hydra.sweeper.enqueue=[{clip: 100}]"]
+
+
+@pytest.fixture(scope="module")
+def search(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("search")
+    result = gradexp("gradexp.train", "-m", *SEARCH, *TINY, cwd=cwd, timeout=600)
+    (sweep_dir,) = (cwd / "outputs" / "multirun").glob("*/*")
+    return sweep_dir, result
+
+
+def summaries(sweep_dir: Path) -> dict[str, dict]:
+    return {d.name: json.loads((d / "summary.json").read_text())
+            for d in sweep_dir.iterdir() if (d / ".hydra").is_dir()}
+
+
+def test_a_search_runs_each_trial_over_the_seeds_and_ranks_a_diverged_trial_last(search):
+    sweep_dir, result = search
+    assert result.returncode == 0, result.stderr
+    runs = summaries(sweep_dir)
+    assert sorted(runs, key=int) == [str(i) for i in range(12)]  # 6 trials x 2 seeds
+    history = pd.read_csv(sweep_dir / "search.csv", dtype={"jobs": str, "values": str})
+    assert list(history["trial"]) == list(range(6))
+    assert (history["seeds"] == 2).all() and (history["state"] == "complete").all()
+
+    enqueued = history.iloc[0]  # clip=100: tried first, diverges with both seeds
+    assert enqueued["clip"] == 100 and enqueued["value"] == math.inf
+    assert enqueued["diverged"] == 2
+    for job in enqueued["jobs"].split():
+        run = runs[job]
+        assert run["status"] == "diverged" and run["config"]["clip"] == 100
+        # stopped once it diverged: at the end of its first call of 10 steps, not at 30
+        assert run["diverged_step"] <= run["steps"] == 10 < run["config"]["trainer"]["steps"]
+
+    searched = history.iloc[1:]
+    assert ((searched["clip"] >= 0.001) & (searched["clip"] <= 0.05)).all()
+    assert searched["clip"].nunique() == 5 and (searched["diverged"] == 0).all()
+    for _, trial in searched.iterrows():  # a trial's value: its seeds' mean final loss
+        jobs = trial["jobs"].split()
+        assert sorted(runs[j]["config"]["seed"] for j in jobs) == [0, 1]
+        assert all(runs[j]["config"]["clip"] == pytest.approx(trial["clip"]) for j in jobs)
+        assert trial["value"] == pytest.approx(sum(runs[j]["final_loss"] for j in jobs) / 2)
+    best = searched.loc[searched["value"].idxmin()]
+    assert f"search: best clip={best['clip']:.4g} (trial {best['trial']})" in result.stderr + \
+        result.stdout
+    assert "sweep: 12 runs (2 diverged, 10 completed)" in result.stdout
+
+
+def test_summarize_reads_the_search_and_names_the_best_value_with_its_seeds_spread(search):
+    sweep_dir, _ = search
+    result = gradexp("gradexp.summarize", str(sweep_dir), cwd=sweep_dir)
+    assert result.returncode == 0, result.stderr
+    history = pd.read_csv(sweep_dir / "search.csv", dtype={"jobs": str})
+    best = history.loc[history["value"].idxmin()]
+    losses = [json.loads((sweep_dir / j / "summary.json").read_text())["final_loss"]
+              for j in best["jobs"].split()]
+    spread = pd.Series(losses)
+    line = (f"best: clip={best['clip']:.4g} (trial {best['trial']}): final_loss "
+            f"{spread.mean():.4g}, sd {spread.std():.4g} over 2 seeds "
+            f"(from {spread.min():.4g} to {spread.max():.4g})")
+    assert line in result.stdout
+    table = result.stdout.split("search: 6 trials")[1].splitlines()
+    rows = {int(r.split()[1]): r.split() for r in table[3:9]}  # trial -> its row's cells
+    assert sorted(rows) == list(range(6))  # the history, every trial
+    assert rows[0][0] == "6" and rows[0][3] == "inf"  # the diverged trial: ranked last
+    assert rows[int(best["trial"])][0] == "1"
+    # like any sweep: a group per clip value, the diverged one counted as such
+    tidy = pd.read_csv(sweep_dir / "summary.csv", keep_default_na=False, na_values=[""])
+    assert tidy["clip"].nunique() == 6
+    assert "## Search" in (sweep_dir / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("space, message", [
+    ("clip=tag(log, interval(0, 1))",
+     "error: clip=tag(log, interval(0, 1)): a log scale needs a positive low bound (got 0)"),
+    ("clipp=interval(0.1, 1)", "error: clipp: no such key; allowed: model, dataset"),
+    ("clip=interval(-1, 1)", "error: clip=-1.0: must be a positive number or null"),
+])
+def test_a_bad_search_space_is_one_line_and_exit_2_before_any_run(tmp_path, space, message):
+    result = gradexp("gradexp.train", "-m", "hydra/sweeper=optuna", space, "seed=0,1",
+                     cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith(message) and len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_the_objective_ranks_a_diverged_run_after_every_finite_one():
+    completed = {"status": "completed", "diverged": False, "final_loss": 0.5, "val_loss": 0.7}
+    diverged = {"status": "diverged", "diverged": True, "final_loss": 0.1}
+    assert search_objective(completed, "final_loss") == 0.5
+    assert search_objective(completed, "val_loss") == 0.7
+    assert search_objective(diverged, "final_loss") == math.inf  # not its pre-divergence loss
+    assert search_objective({"status": "failed"}, "final_loss") is None
+    assert trial_objective([0.5, 0.7]) == pytest.approx(0.6)
+    assert trial_objective([0.5, math.inf]) == math.inf
+    assert trial_objective([0.5, None]) is None
