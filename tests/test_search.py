@@ -64,7 +64,7 @@ def test_a_search_runs_each_trial_over_the_seeds_and_ranks_a_diverged_trial_last
     best = searched.loc[searched["value"].idxmin()]
     assert f"search: best clip={best['clip']:.4g} (trial {best['trial']})" in result.stderr + \
         result.stdout
-    assert "sweep: 12 runs (2 diverged, 10 completed)" in result.stdout
+    assert "sweep: 12 runs (10 completed, 2 diverged)" in result.stdout
 
 
 def test_summarize_reads_the_search_and_names_the_best_value_with_its_seeds_spread(search):
