@@ -65,6 +65,7 @@ def test_a_search_runs_each_trial_over_the_seeds_and_ranks_a_diverged_trial_last
     assert f"search: best clip={best['clip']:.4g} (trial {best['trial']})" in result.stderr + \
         result.stdout
     assert "sweep: 12 runs (10 completed, 2 diverged)" in result.stdout
+    assert list(sweep_dir.glob("events.out.tfevents.*"))  # the HParams view's experiment
 
 
 def test_summarize_reads_the_search_and_names_the_best_value_with_its_seeds_spread(search):
