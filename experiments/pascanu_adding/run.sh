@@ -5,13 +5,16 @@
 #   bash experiments/pascanu_adding/run.sh            # seeds 0-9, as the preset
 #   SEEDS=10,11,12,13,14,15,16,17,18,19 OUT=experiments/pascanu_adding/unseen \
 #       bash experiments/pascanu_adding/run.sh      # other seeds, summarized into OUT
+#   STEPS=200000 SEEDS=10,…,19 OUT=experiments/pascanu_adding/unseen_200k \
+#       bash experiments/pascanu_adding/run.sh      # a longer budget (trainer.steps)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 study="${OUT:-experiments/pascanu_adding}"
 sweep="outputs/multirun/pascanu_adding/$(date +%Y-%m-%d_%H-%M-%S)"
 python -m gradexp.train -m +experiment=pascanu_adding hydra/launcher=joblib \
     hydra.launcher.n_jobs=2 hydra.sweep.dir="$sweep" \
-    seed="${SEEDS:-0,1,2,3,4,5,6,7,8,9}" clipping.max_norm=null,1.0
+    seed="${SEEDS:-0,1,2,3,4,5,6,7,8,9}" clipping.max_norm=null,1.0 \
+    ${STEPS:+trainer.steps=$STEPS}
 python -m gradexp.summarize "$sweep" --baseline clipping.max_norm=null --plots --out "$study"
 # both seed ranges in one table (needs the summaries of 0-9 here and of 10-19 in unseen/)
 if [ -f experiments/pascanu_adding/runs.csv ] && [ -f experiments/pascanu_adding/unseen/runs.csv ]; then
