@@ -1,12 +1,14 @@
 """Summarize a sweep: how much more (or less) stably each setting trained than its baseline.
 
-    python -m gradexp.summarize DIR [--baseline clip=null,clipping=none] [--plots]
+    python -m gradexp.summarize DIR [--baseline clip=null,clipping=none] [--plots] [--tensorboard]
 
 The command line over gradexp.analysis: read the run directories (analysis.runs), group them
 (analysis.groups), measure and compare each group with its baseline (analysis.metrics,
 analysis.stats, analysis.compare), print the table and write summary.csv, summary.md, runs.csv
-(analysis.reports) and with --plots the PNGs (analysis.plots, matplotlib); a search's history
-and best value too (analysis.search). Definitions: README, "Summarizing a sweep".
+(analysis.reports), with --plots the PNGs (analysis.plots, matplotlib) and with --tensorboard
+each setting's mean and 95% band over seeds as TensorBoard runs under summary_tb/
+(analysis.bands_tb, the tensorboard package without TensorFlow); a search's history and best
+value too (analysis.search). Definitions: README, "Summarizing a sweep".
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a spike score counts values K standard deviations from the rolling "
                              "mean (default: 7)")
     parser.add_argument("--plots", action="store_true", help="also write the PNGs")
+    parser.add_argument("--tensorboard", action="store_true",
+                        help="also write each setting's mean and 95%% band over seeds as a "
+                             "TensorBoard run, OUT/summary_tb/<setting>/")
     parser.add_argument("--out", type=Path, metavar="OUT", help="where to write (default: DIR)")
     return parser.parse_args(argv)
 
@@ -164,6 +169,11 @@ def _main(args: argparse.Namespace) -> int:
         from gradexp.analysis.plots import plot_all
 
         written += plot_all(runs, runs_table, tidy, keys, baseline, settings, out)
+    if args.tensorboard:
+        from gradexp.analysis.bands_tb import write_bands
+        from gradexp.analysis.curves import group_curves
+
+        written.append(write_bands(group_curves(runs, runs_table, tidy, keys, baseline), out))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

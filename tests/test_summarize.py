@@ -233,3 +233,51 @@ def test_summarize_is_silent_when_runs_share_a_clean_commit_or_have_no_provenanc
         assert S.main([str(tmp_path / folder)]) == 0
         out, err = capsys.readouterr()
         assert err == "" and "skipped" not in out, folder
+
+
+def test_tensorboard_bands_name_each_setting_and_replace_an_earlier_summary(tmp_path):
+    """--tensorboard: a run per setting under summary_tb/, its directory named by the mapping
+    (`=` → `-`, `/` → `.`, `,` → `+`, brackets dropped, pairs joined by `,`); at a step only one
+    seed reached (the other diverged before it) the band has no width; a second summary
+    replaces the first; TensorFlow is never imported."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from gradexp.analysis.bands_tb import run_dir_name, run_dir_names
+
+    assert run_dir_name("clip=0.1 layer.positions=[rnn_1,dense_1]") == \
+        "clip-0.1,layer.positions-rnn_1+dense_1"
+    assert run_dir_names(["a=[b,c]", "a=b+c"]) == {"a=[b,c]": "a-b+c", "a=b+c": "a-b+c~2"}
+    sweep = tmp_path / "sweep"
+    for seed, losses in enumerate(([4.0, 3.0, 2.0, 1.0], [4.0, 2.0, 1e9])):  # seed 1 diverges
+        write_run(sweep / f"a{seed}", ["clip=0.1", "dataset.path=data/x.npz", f"seed={seed}"],
+                  losses, status="diverged" if seed else "completed")
+        write_run(sweep / f"b{seed}", ["clip=null", "dataset.path=data/y.npz", f"seed={seed}"],
+                  [4.0, 3.0 + seed, 2.0, 1.0])
+    assert S.main([str(sweep), "--tensorboard"]) == 0
+    code = ("import sys; from gradexp.summarize import main; "
+            f"assert main([{str(sweep)!r}, '--tensorboard']) == 0; "
+            "print('tensorflow' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)  # again: it replaces the first's runs
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "False"
+    runs = {p.name: p for p in (sweep / "summary_tb").iterdir() if p.is_dir()}
+    assert sorted(runs) == ["clip-0.1,dataset.path-data.x.npz", "clip-null,dataset.path-data.y.npz"]
+    assert read_csv(sweep / "summary_tb" / "settings.csv")["setting"].tolist() == [
+        "clip=null dataset.path=data/y.npz", "clip=0.1 dataset.path=data/x.npz"]
+    assert not list(sweep.glob(".summary_tb*"))
+    clipped = runs["clip-0.1,dataset.path-data.x.npz"]
+    assert len(list(clipped.glob("events.out.tfevents.*"))) == 1
+    events = EventAccumulator(str(clipped), size_guidance={"tensors": 0})
+    events.Reload()
+
+    def values(tag):
+        return {e.step: float(e.tensor_proto.float_val[0]) for e in events.Tensors(tag)}
+
+    # seed 1 diverged at step 3 (1e9 > 1000 × 4): steps 1-2 have two seeds, steps 3-4 one
+    assert values("mean/loss/train") == {1: 4.0, 2: 2.5, 3: 2.0, 4: 1.0}
+    half = 12.706204736174707 * (0.5 ** 0.5) / (2 ** 0.5)  # t_{0.975,1} · s / √2, s = √0.5
+    assert values("lower/loss/train")[2] == pytest.approx(2.5 - half, rel=1e-6)
+    assert values("upper/loss/train")[2] == pytest.approx(2.5 + half, rel=1e-6)
+    assert values("lower/loss/train")[1] == values("upper/loss/train")[1] == 4.0  # s = 0
+    assert values("lower/loss/train")[3] == values("upper/loss/train")[3] == 2.0  # one seed

@@ -1,7 +1,7 @@
 """The PNGs of `python -m gradexp.summarize DIR --plots`: the loss curves and the gradient norms
-per group (mean over seeds, with a band), the final loss against each baseline key, and in a
-learning-rate sweep against the learning rate (log axis). matplotlib (Agg) is imported only here,
-inside `plot_all`.
+per group (mean over seeds, the loss with its 95% band: analysis.curves), the final loss against
+each baseline key, and in a learning-rate sweep against the learning rate (log axis). matplotlib
+(Agg) is imported only here, inside `plot_all`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gradexp.analysis.curves import across_seeds, group_curves
 from gradexp.analysis.groups import LR_KEY, group_label, natural_value, varying_keys
-from gradexp.analysis.metrics import Settings, steps_before_divergence
+from gradexp.analysis.metrics import Settings
 from gradexp.analysis.runs import LOSS, Run
 
 
@@ -27,14 +28,8 @@ def plot_all(runs: list[Run], runs_table: pd.DataFrame, tidy: pd.DataFrame, keys
     import matplotlib.pyplot as plt
 
     shown = varying_keys(tidy, keys, baseline)
-    labels = runs_table[shown].apply(lambda row: group_label(row.to_dict()), axis=1)
-    order = list(dict.fromkeys(tidy[shown].apply(lambda row: group_label(row.to_dict()),
-                                                 axis=1)))
-    curves: dict[str, list[pd.DataFrame]] = {label: [] for label in order}
-    for run, label, diverged_at in zip(runs, labels, runs_table["diverged_step"], strict=True):
-        if run.metrics is not None:
-            curves[label].append(
-                steps_before_divergence(run.metrics, diverged_at).set_index("step"))
+    curves = group_curves(runs, runs_table, tidy, keys, baseline)
+    order = list(curves)
     colors = plt.get_cmap("tab10" if len(order) <= 10 else "viridis")
     color = {label: colors(i if len(order) <= 10 else i / max(1, len(order) - 1))
              for i, label in enumerate(order)}
@@ -53,27 +48,24 @@ def _filename(key: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
 
 
-def _across_seeds(tables: list[pd.DataFrame], column: str, window: int = 1) -> pd.DataFrame:
-    """Per step: mean, min and max over the seeds' (trailing-mean smoothed) values."""
-    series = [t[column].rolling(window, min_periods=1).mean() for t in tables if column in t]
-    if not series:
-        return pd.DataFrame(columns=["mean", "min", "max"])
-    wide = pd.concat(series, axis=1)
-    return pd.DataFrame({"mean": wide.mean(axis=1), "min": wide.min(axis=1),
-                         "max": wide.max(axis=1)})
-
-
 def _plot_losses(plt, curves, color, settings: Settings, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5))
-    for label, tables in curves.items():
-        band = _across_seeds(tables, LOSS, settings.spike_window)
+    bands = {label: across_seeds(tables, LOSS, settings.spike_window)
+             for label, tables in curves.items()}
+    # on the log axis, a band reaching 0 or below ends at the smallest positive value drawn
+    drawn = np.concatenate([b[["mean", "lower"]].to_numpy(float).ravel()
+                            for b in bands.values()] or [np.empty(0)])
+    floor = drawn[drawn > 0].min() if (drawn > 0).any() else None
+    for label, band in bands.items():
         if band.empty:
             continue
-        ax.plot(band.index, band["mean"], color=color[label], label=f"{label} (n={len(tables)})")
-        ax.fill_between(band.index, band["min"], band["max"], color=color[label], alpha=0.2)
+        ax.plot(band.index, band["mean"], color=color[label],
+                label=f"{label} (n={len(curves[label])})")
+        ax.fill_between(band.index, band["lower"].clip(lower=floor), band["upper"],
+                        color=color[label], alpha=0.2)
     ax.set(yscale="log", xlabel="step",
            ylabel=f"loss/train, trailing mean over {settings.spike_window} steps",
-           title="Training loss: mean over seeds, band min–max (diverged runs end early)")
+           title="Training loss: mean over seeds, 95% band (diverged runs end early)")
     ax.legend(fontsize="small")
     return _save(plt, fig, path)
 
@@ -89,8 +81,8 @@ def _plot_grad_norms(plt, curves, color, settings: Settings, path: Path) -> Path
     for ax, position in zip(axes[0], positions, strict=True):
         for label, tables in curves.items():
             for side, style in (("pre", "-"), ("post", "--")):
-                band = _across_seeds(tables, f"grad_norm/{position}/{side}",
-                                     settings.spike_window)
+                band = across_seeds(tables, f"grad_norm/{position}/{side}",
+                                    settings.spike_window)
                 if not band.empty:
                     ax.plot(band.index, band["mean"], style, color=color[label], linewidth=1,
                             label=label if side == "pre" else None)
