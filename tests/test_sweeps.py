@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -205,3 +206,79 @@ def test_an_hparam_has_one_type_in_every_run_whichever_method_the_run_uses(make_
         for key, value in run.items():  # a string among strings, a number among numbers
             assert any(value == v and isinstance(value, str) == isinstance(v, str)
                        for v in domains[key]), (key, value, domains[key])
+
+
+def test_tensorboard_serves_the_summary_bands_of_a_real_sweep(basic_sweep, tmp_path):
+    """`summarize DIR --tensorboard` on the 4-run sweep (clip=null,0.1 × 2 seeds): TensorBoard
+    over DIR serves the runs summary_tb/clip-null and summary_tb/clip-0.1 and their margin
+    charts, and each step's mean/lower/upper equals the mean and 95% t-interval of the two
+    seeds' metrics.csv values worked out here with numpy."""
+    import numpy as np
+    from scipy.stats import t
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sweep_dir = shutil.copytree(basic_sweep[0], tmp_path / "sweep")
+    result = gradexp("gradexp.summarize", str(sweep_dir), "--tensorboard", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    metrics = ["loss/train", "loss/val", "grad_norm/global"]
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(sweep_dir), "--host",
+         "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "NO_PROXY": "*"})
+    base = f"http://127.0.0.1:{port}/data/plugin"
+    runs_served = ["summary_tb/clip-null", "summary_tb/clip-0.1"]
+    try:
+        tags, deadline = {}, time.monotonic() + 90
+        while time.monotonic() < deadline and not set(runs_served) <= set(tags):
+            try:
+                tags = get(f"{base}/scalars/tags")
+            except OSError:
+                pass
+            time.sleep(1)
+        for run in runs_served:
+            assert {f"{kind}/{m}" for kind in ("mean", "lower", "upper") for m in metrics} <= \
+                set(tags[run])
+        layout = get(f"{base}/custom_scalars/layout")
+        margins = {c["title"]: c["margin"]["series"] for cat in layout["category"]
+                   for c in cat["chart"] if "margin" in c}
+        for m in metrics:
+            assert margins[m] == [{"value": f"mean/{m}", "lower": f"lower/{m}",
+                                   "upper": f"upper/{m}"}]
+        assert any("multiline" in c for cat in layout["category"] for c in cat["chart"])
+        served = {}
+        for kind in ("mean", "lower", "upper"):  # what a margin chart fetches
+            served[kind], deadline = [], time.monotonic() + 60
+            while time.monotonic() < deadline and len(served[kind]) < 20:
+                served[kind] = get(f"{base}/custom_scalars/download_data?run="
+                                   f"summary_tb/clip-0.1&tag={kind}/loss/train&format=json")
+                time.sleep(0.5)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    table = {}  # clip → the seeds' metrics.csv
+    for run in sorted(p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()):
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed"  # no run cut short: every step has both seeds
+        clip = "null" if summary["config"]["clip"] is None else str(summary["config"]["clip"])
+        table.setdefault(clip, []).append(pd.read_csv(run / "metrics.csv").set_index("step"))
+    for clip, seeds in table.items():
+        events = EventAccumulator(str(sweep_dir / "summary_tb" / f"clip-{clip}"),
+                                  size_guidance={"tensors": 0})
+        events.Reload()
+        for m in metrics:
+            x = np.stack([s[m].to_numpy(float) for s in seeds])  # seeds × steps
+            steps = seeds[0].index.to_numpy()[~np.isnan(x).any(axis=0)]
+            x = x[:, ~np.isnan(x).any(axis=0)]  # loss/val: the evaluated steps
+            assert steps.tolist() == ([20] if m == "loss/val" else list(range(1, 21)))
+            mean = x.mean(axis=0)
+            half = t.ppf(0.975, df=1) * x.std(axis=0, ddof=1) / np.sqrt(2)
+            for kind, expected in (("mean", mean), ("lower", mean - half),
+                                   ("upper", mean + half)):
+                points = events.Tensors(f"{kind}/{m}")
+                assert [e.step for e in points] == steps.tolist()
+                read = [e.tensor_proto.float_val[0] for e in points]
+                np.testing.assert_allclose(read, expected, rtol=2e-7, atol=1e-7)
+                if clip == "0.1" and m == "loss/train":
+                    assert [p[2] for p in served[kind]] == read  # TensorBoard serves the same
