@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -121,45 +120,60 @@ def get(url: str, body: dict | None = None):
         return json.loads(response.read())
 
 
-def test_tensorboard_serves_the_sweep(basic_sweep):
+BAND_RUNS = ["summary_tb/clip-null", "summary_tb/clip-0.1"]  # summarize --tensorboard's
+
+
+@pytest.fixture(scope="module")
+def served_sweep(basic_sweep):
+    """TensorBoard over the basic sweep after `summarize DIR --tensorboard`, every run loaded:
+    (sweep dir, the plugins' base URL, the scalar tags per run)."""
     sweep_dir, _ = basic_sweep
+    result = gradexp("gradexp.summarize", str(sweep_dir), "--tensorboard", cwd=sweep_dir)
+    assert result.returncode == 0, result.stderr
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "tensorboard.main", "--logdir", str(sweep_dir), "--host",
          "127.0.0.1", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "NO_PROXY": "*"})
     base = f"http://127.0.0.1:{port}/data/plugin"
+    wanted = {"0", "1", "2", "3", *BAND_RUNS}
     try:
-        tags, deadline = {}, time.monotonic() + 90
-        while time.monotonic() < deadline and len(tags) < 4:  # loading is asynchronous: poll
-            try:
+        tags, deadline = {}, time.monotonic() + 120
+        while time.monotonic() < deadline and not wanted <= set(tags):  # loading is
+            try:                                                         # asynchronous: poll
                 tags = get(f"{base}/scalars/tags")
             except OSError:
                 pass
             time.sleep(1)
-        assert set(tags) >= {"0", "1", "2", "3"}
-        assert {"loss/train", "grad_norm/dense_1/pre", "grad_norm/dense_1/post",
-                "clip_fraction/dense_1", "final/loss"} <= set(tags["2"])
-        points = get(f"{base}/scalars/scalars?run=2&tag=loss/train")
-        assert [p[1] for p in points] == list(range(1, 21))
-
-        experiment = get(f"{base}/hparams/experiment", {"experimentName": ""})
-        infos = {h["name"]: h for h in experiment["hparamInfos"]}
-        assert sorted(infos["clip"]["domainDiscrete"]) == ["0.1", "null"]
-        assert {m["name"]["tag"] for m in experiment["metricInfos"]} >= {"final/loss"}
-        groups = get(f"{base}/hparams/session_groups", {
-            "experimentName": "", "startIndex": 0, "sliceSize": 100,
-            "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
-                                "STATUS_RUNNING"], "colParams": []})
-        assert len(groups["sessionGroups"]) == 4
-        assert {g["hparams"]["clip"] for g in groups["sessionGroups"]} == {"null", "0.1"}
-
-        layout = get(f"{base}/custom_scalars/layout")
-        charts = [c["multiline"]["tag"][0] for cat in layout["category"] for c in cat["chart"]]
-        assert "^grad_norm/dense_1/(pre|post)$" in charts
+        yield sweep_dir, base, tags
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_tensorboard_serves_the_sweep(served_sweep):
+    sweep_dir, base, tags = served_sweep
+    assert set(tags) >= {"0", "1", "2", "3"}
+    assert {"loss/train", "grad_norm/dense_1/pre", "grad_norm/dense_1/post",
+            "clip_fraction/dense_1", "final/loss"} <= set(tags["2"])
+    points = get(f"{base}/scalars/scalars?run=2&tag=loss/train")
+    assert [p[1] for p in points] == list(range(1, 21))
+
+    experiment = get(f"{base}/hparams/experiment", {"experimentName": ""})
+    infos = {h["name"]: h for h in experiment["hparamInfos"]}
+    assert sorted(infos["clip"]["domainDiscrete"]) == ["0.1", "null"]
+    assert {m["name"]["tag"] for m in experiment["metricInfos"]} >= {"final/loss"}
+    groups = get(f"{base}/hparams/session_groups", {
+        "experimentName": "", "startIndex": 0, "sliceSize": 100,
+        "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
+                            "STATUS_RUNNING"], "colParams": []})
+    assert len(groups["sessionGroups"]) == 4  # the summary's runs are no sessions
+    assert {g["hparams"]["clip"] for g in groups["sessionGroups"]} == {"null", "0.1"}
+
+    layout = get(f"{base}/custom_scalars/layout")
+    charts = [c["multiline"]["tag"][0] for cat in layout["category"] for c in cat["chart"]
+              if "multiline" in c]
+    assert "^grad_norm/dense_1/(pre|post)$" in charts
 
 
 def test_a_sweep_over_parameter_clipping_methods_runs_and_summarizes(tmp_path):
@@ -208,7 +222,7 @@ def test_an_hparam_has_one_type_in_every_run_whichever_method_the_run_uses(make_
                        for v in domains[key]), (key, value, domains[key])
 
 
-def test_tensorboard_serves_the_summary_bands_of_a_real_sweep(basic_sweep, tmp_path):
+def test_tensorboard_serves_the_summary_bands_of_a_real_sweep(served_sweep):
     """`summarize DIR --tensorboard` on the 4-run sweep (clip=null,0.1 × 2 seeds): TensorBoard
     over DIR serves the runs summary_tb/clip-null and summary_tb/clip-0.1 and their margin
     charts, and each step's mean/lower/upper equals the mean and 95% t-interval of the two
@@ -217,45 +231,23 @@ def test_tensorboard_serves_the_summary_bands_of_a_real_sweep(basic_sweep, tmp_p
     from scipy.stats import t
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    sweep_dir = shutil.copytree(basic_sweep[0], tmp_path / "sweep")
-    result = gradexp("gradexp.summarize", str(sweep_dir), "--tensorboard", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+    sweep_dir, base, tags = served_sweep
     metrics = ["loss/train", "loss/val", "grad_norm/global"]
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(sweep_dir), "--host",
-         "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "NO_PROXY": "*"})
-    base = f"http://127.0.0.1:{port}/data/plugin"
-    runs_served = ["summary_tb/clip-null", "summary_tb/clip-0.1"]
-    try:
-        tags, deadline = {}, time.monotonic() + 90
-        while time.monotonic() < deadline and not set(runs_served) <= set(tags):
-            try:
-                tags = get(f"{base}/scalars/tags")
-            except OSError:
-                pass
-            time.sleep(1)
-        for run in runs_served:
-            assert {f"{kind}/{m}" for kind in ("mean", "lower", "upper") for m in metrics} <= \
-                set(tags[run])
-        layout = get(f"{base}/custom_scalars/layout")
-        margins = {c["title"]: c["margin"]["series"] for cat in layout["category"]
-                   for c in cat["chart"] if "margin" in c}
-        for m in metrics:
-            assert margins[m] == [{"value": f"mean/{m}", "lower": f"lower/{m}",
-                                   "upper": f"upper/{m}"}]
-        assert any("multiline" in c for cat in layout["category"] for c in cat["chart"])
-        served = {}
-        for kind in ("mean", "lower", "upper"):  # what a margin chart fetches
-            served[kind], deadline = [], time.monotonic() + 60
-            while time.monotonic() < deadline and len(served[kind]) < 20:
-                served[kind] = get(f"{base}/custom_scalars/download_data?run="
-                                   f"summary_tb/clip-0.1&tag={kind}/loss/train&format=json")
-                time.sleep(0.5)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    for run in BAND_RUNS:
+        assert {f"{kind}/{m}" for kind in ("mean", "lower", "upper") for m in metrics} <= \
+            set(tags[run])
+    layout = get(f"{base}/custom_scalars/layout")
+    margins = {c["title"]: c["margin"]["series"] for cat in layout["category"]
+               for c in cat["chart"] if "margin" in c}
+    for m in metrics:
+        assert margins[m] == [{"value": f"mean/{m}", "lower": f"lower/{m}",
+                               "upper": f"upper/{m}"}]
+    served = {}
+    for kind in ("mean", "lower", "upper"):  # what a margin chart fetches, once all 20 loaded
+        served[kind], deadline = [], time.monotonic() + 60
+        while time.monotonic() < deadline and len(served[kind]) < 20:
+            served[kind] = get(f"{base}/custom_scalars/download_data?run=summary_tb/clip-0.1"
+                               f"&tag={kind}/loss/train&format=json")
 
     table = {}  # clip → the seeds' metrics.csv
     for run in sorted(p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()):
