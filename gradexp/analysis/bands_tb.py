@@ -124,8 +124,9 @@ def _write_run(run_dir: Path, label: str, seeds: int, bands: dict[str, pd.DataFr
     from tensorboard.plugins.scalar import metadata as scalar_metadata
     from tensorboard.summary.writer.record_writer import RecordWriter
 
-    wide = pd.concat({f"{kind}/{metric}": band[kind] for metric, band in bands.items()
-                      for kind in BAND_TAGS if not band.empty}, axis=1).sort_index()
+    columns = {f"{kind}/{metric}": band[kind] for metric, band in bands.items()
+               for kind in BAND_TAGS if not band.empty}  # none: every run of the group failed
+    wide = pd.concat(columns, axis=1).sort_index() if columns else pd.DataFrame()
     described: set[str] = set()
 
     def value(tag: str, x: float):
