@@ -21,7 +21,7 @@ from typing import Any
 
 from hydra import compose
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from gradexp import rundir
 from gradexp.config import ConfigError, explain, sweep_jobs, validate
@@ -47,8 +47,10 @@ class Checks(Callback):
             validate(config)
             check_device(config.device)
             if config.resume:
-                others = [o for o in config.hydra.overrides.task if not o.startswith("resume=")]
-                check_resumable(config.resume, others)
+                own = _own_overrides(Path(config.resume))
+                others = [o for o in config.hydra.overrides.task
+                          if not o.startswith("resume=") and o not in own]
+                check_resumable(config.resume, others, own)
 
         _exit_if_invalid(check)
         if not config.resume:
@@ -74,12 +76,25 @@ class Checks(Callback):
             return jobs
 
         jobs = _exit_if_invalid(check_all_jobs)
+        if resumes_a_sweep(config):  # its directory and HParams record are the sweep's own
+            return
         _never_reuse(config.hydra.sweep, "dir")
         if searching:  # the search writes it when its trials are known
             return
         from gradexp.logs import write_hparams_config
 
         write_hparams_config(Path(config.hydra.sweep.dir), jobs)
+
+
+def _own_overrides(run_dir: Path) -> list[str]:
+    """The overrides a run was started with (none when it has no .hydra/ record)."""
+    path = run_dir / rundir.OVERRIDES
+    return [str(o) for o in OmegaConf.load(path)] if path.is_file() else []
+
+
+def resumes_a_sweep(config: DictConfig) -> bool:
+    """Whether this multirun finishes a sweep (`resume=<sweep dir>`, gradexp/resume.py)."""
+    return config.hydra.runtime.choices.get("hydra/sweeper") == "gradexp_resume"
 
 
 def _never_reuse(node: DictConfig, key: str) -> None:

@@ -13,7 +13,11 @@ Every name a run writes or reads is spelled here, and nowhere else:
       provenance.resume-<n>.diff             the same, for the n-th resume
 
 A run's status is one of STATUSES; `running` until it ends (a killed run stays `running`, and
-`still_running` tells it from a live one). Whether a run may be resumed is decided here too.
+`still_running` tells it from a live one). Whether a run may be resumed is decided here too, and
+what a job that finds a run in its directory does with it (`restart_action`).
+
+A sweep directory holds `multirun.yaml` (Hydra's record of the sweep) and a directory per job,
+named by the job's number.
 NumPy and the standard library only: both sides import this module.
 """
 
@@ -37,12 +41,16 @@ CONFIG = f"{HYDRA}/config.yaml"
 EVENTS_GLOB = "events.out.tfevents.*"
 PROVENANCE = "provenance.json"
 PROVENANCE_DIFF = "provenance.diff"
+SWEEP_RECORD = "multirun.yaml"  # at a sweep's root
 
 RUNNING, COMPLETED, DIVERGED, INTERRUPTED, FAILED = (
     "running", "completed", "diverged", "interrupted", "failed")
 STATUSES = (RUNNING, COMPLETED, DIVERGED, INTERRUPTED, FAILED)
 FINISHED = (COMPLETED, DIVERGED)  # a run that reached its end: its figures are final
 RESUMABLE = (INTERRUPTED, RUNNING)  # asked to stop, or killed
+
+# what a job does with the run it finds in its directory (`restart_action`)
+START, KEEP, RESUME, RESTART, BUSY = "start", "keep", "resume", "restart", "busy"
 
 
 def resume_diff(n: int) -> str:
@@ -82,12 +90,60 @@ def read_status(run_dir: Path) -> tuple[str, dict[str, Any]]:
         return "unknown", {}
 
 
-def check_resumable(run_dir: Path | str, other_overrides: list[str]) -> None:
+def is_sweep_dir(path: Path | str) -> bool:
+    """A sweep's root: Hydra's multirun.yaml, and not itself a run."""
+    path = Path(path)
+    return (path / SWEEP_RECORD).is_file() and not (path / OVERRIDES).is_file()
+
+
+def restart_action(run_dir: Path | str) -> str:
+    """What a job started in `run_dir` does with what it finds there:
+
+    START    nothing of a run (no summary.json): train from step 0
+    KEEP     a finished run (completed or diverged): its result stands, no training
+    RESUME   an interrupted or killed run with a checkpoint: go on from it
+    RESTART  a failed run, a stopped one without a checkpoint, an unreadable summary.json:
+             clear the directory (`clear_run`) and train from step 0
+    BUSY     a run whose process is still alive on this host: leave it alone
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / SUMMARY).exists():
+        return START
+    status, record = read_status(run_dir)
+    if status in FINISHED:
+        return KEEP
+    if status == RUNNING and still_running(record):
+        return BUSY
+    if status in RESUMABLE and (run_dir / CHECKPOINTS / "checkpoint").is_file():
+        return RESUME
+    return RESTART
+
+
+def clear_run(run_dir: Path) -> None:
+    """Remove what a run wrote (table, events, checkpoints, summary, provenance), keeping
+    Hydra's record of the job (.hydra/) and its log, which Hydra holds open: a run started
+    again here has nothing stale mixed in."""
+    import shutil
+
+    for entry in Path(run_dir).iterdir():
+        if entry.name == HYDRA or entry.suffix == ".log":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def check_resumable(run_dir: Path | str, other_overrides: list[str],
+                    own_overrides: list[str] = ()) -> None:
     """resume=<dir> needs a run that stopped before its end, with a checkpoint, and no other
-    settings: the run goes on with its own config. Raises NotResumable (one line)."""
+    settings: the run goes on with its own config (`own_overrides`, its .hydra/overrides.yaml;
+    repeating one of them as it was is not another setting, and the caller drops those).
+    Raises NotResumable (one line)."""
     run_dir = Path(run_dir)
     if not (run_dir / OVERRIDES).is_file():
-        raise NotResumable(f"resume={run_dir}: not a gradexp run directory (no {HYDRA}/)")
+        raise NotResumable(f"resume={run_dir}: neither a run directory ({OVERRIDES}) nor a "
+                           f"sweep directory ({SWEEP_RECORD})")
     status, record = read_status(run_dir)
     if status not in RESUMABLE:
         raise NotResumable(f"resume={run_dir}: the run is {status}; only an interrupted or "
@@ -98,8 +154,24 @@ def check_resumable(run_dir: Path | str, other_overrides: list[str]) -> None:
     if not (run_dir / CHECKPOINTS / "checkpoint").is_file():
         raise NotResumable(f"resume={run_dir}: no checkpoint in {run_dir / CHECKPOINTS}")
     if other_overrides:
-        raise NotResumable(f"resume={run_dir}: the run goes on with its own config; drop "
-                           f"{' '.join(other_overrides)}")
+        raise NotResumable(f"resume={run_dir}: " + refusal(other_overrides, own_overrides))
+
+
+def override_key(override: str) -> str:
+    """`clip` of `clip=0.1`, `+clip=0.1`, `~clip`; `hydra/launcher` of `hydra/launcher=ray`."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def refusal(other_overrides: list[str], own_overrides: list[str], what: str = "run") -> str:
+    """Why settings given with resume= are refused: the first one that changes a value the run
+    (or sweep) was started with names it; otherwise they are new settings."""
+    own = {override_key(o): o for o in own_overrides}
+    for other in other_overrides:
+        if override_key(other) in own:
+            return (f"{other} differs from the {what}'s own {own[override_key(other)]}; a "
+                    f"resumed {what} keeps its config (repeat its overrides as they were, or "
+                    "drop them)")
+    return f"the {what} goes on with its own config; drop {' '.join(other_overrides)}"
 
 
 def still_running(record: dict[str, Any]) -> bool:
