@@ -8,6 +8,7 @@ loop, then its small helpers.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -42,6 +43,11 @@ def run(cfg: DictConfig) -> dict:
     if resume:  # the run goes on with its own config, composed as it was
         overrides = list(OmegaConf.load(run_dir / rundir.OVERRIDES))
         cfg = compose(config_name="config", overrides=overrides)
+    else:  # a requeued or resumed sweep job may find its run here
+        action = rundir_action(run_dir, cfg)
+        if action == rundir.KEEP:
+            return rundir.read_status(run_dir)[1]
+        resume = action == rundir.RESUME
     try:
         summary = train(cfg, run_dir, overrides, resume=resume)
     except Exception as exc:
@@ -57,15 +63,51 @@ def run(cfg: DictConfig) -> dict:
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
     if summary["status"] == rundir.INTERRUPTED:  # asked to stop: so does a sweep, after this run
-        raise SystemExit(128 + signal.Signals[summary["stopped_by"]])
+        stopped_by = signal.Signals[summary["stopped_by"]]
+        scheduler = signal.getsignal(stopped_by)
+        if stopped_by not in (signal.SIGINT, signal.SIGTERM) and callable(scheduler):
+            scheduler(stopped_by, None)  # submitit's SIGUSR2: requeue this job, then exit
+        raise SystemExit(128 + stopped_by)
     return summary
 
 
+def rundir_action(run_dir: Path, cfg: DictConfig) -> str:
+    """What this job does with the run it finds in its directory (`rundir.restart_action`),
+    the directory cleared when it starts over. A run of another config is refused, not
+    overwritten."""
+    action = rundir.restart_action(run_dir)
+    if action == rundir.START:
+        return action
+    status, record = rundir.read_status(run_dir)
+    if action == rundir.BUSY:
+        raise rundir.NotResumable(f"{run_dir}: its run is still going (pid {record['pid']})")
+    if "config" in record and record["config"] != json.loads(json.dumps(
+            rundir._jsonable(OmegaConf.to_container(cfg)))):
+        raise rundir.NotResumable(f"{run_dir}: holds a {status} run of another config; "
+                                  "give this run its own directory")
+    if action == rundir.KEEP:
+        log.info("%s: the run is %s already; its result stands", run_dir, status)
+    elif action == rundir.RESUME:
+        log.info("%s: the run was %s; resuming it from its checkpoint", run_dir,
+                 "interrupted" if status == rundir.INTERRUPTED else "killed")
+    else:
+        log.info("%s: the run %s; starting it again from step 0", run_dir,
+                 "failed" if status == rundir.FAILED else "stopped before a checkpoint")
+        rundir.clear_run(run_dir)
+    return action
+
+
 def main() -> None:
-    """Entry point: bad input ends in one line on stderr and exit status 2, not a traceback."""
+    """Entry point: bad input ends in one line on stderr and exit status 2, not a traceback.
+    `resume=<sweep dir>` becomes that sweep's multirun, finishing it (gradexp/resume.py)."""
+    from gradexp import resume
+
     user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us unprinted
     try:
+        sweep_dir = resume.sweep_to_resume(sys.argv[1:])
+        if sweep_dir is not None:
+            sys.argv[1:] = resume.multirun_arguments(sweep_dir, sys.argv[1:])
         run()
     except Exception as exc:
         message = config.explain(exc)

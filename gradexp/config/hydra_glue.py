@@ -47,7 +47,12 @@ def _run_dir(resume: str | None, new_dir: str) -> str:
 
 def _hydra_subdir(resume: str | None) -> str:
     """A resumed run keeps its .hydra/ files; the resuming command's go beside them."""
-    return HYDRA if not resume else f"{HYDRA}/resumed-{datetime.now():%Y-%m-%d_%H-%M-%S}"
+    return HYDRA if not resume else resumed_subdir()
+
+
+def resumed_subdir() -> str:
+    """Where a resuming job's .hydra/ files go, inside the run directory."""
+    return f"{HYDRA}/resumed-{datetime.now():%Y-%m-%d_%H-%M-%S}"
 
 
 OmegaConf.register_new_resolver("gradexp.run_dir", _run_dir, replace=True)
