@@ -1,0 +1,187 @@
+"""Sweeps past interruptions: `resume=<sweep dir>` finishes a sweep as if it had never stopped,
+and a job re-executed in its own run directory (a requeue) resumes its run instead of starting
+over."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from conftest import REPO, gradexp
+
+# deterministic: the tables of a stopped-and-resumed sweep and of a whole one are equal, byte for
+# byte. 500 steps: a SIGTERM sent once 40 rows of the second run are on disk lands well before
+# its end (150-450 steps/s here; the poll and the 20-step calls let ~50-150 more steps pass).
+STEADY = ["trainer.jit_compile=false", "trainer.steps=500", "trainer.log_every=20",
+          "trainer.eval_every=100", "trainer.histogram_every=0",
+          "trainer.checkpoint_every=100", "model.width=16", "deterministic=true", "clip=0.1"]
+SWEEP = ["seed=0,1,2,3", *STEADY]
+
+
+def env() -> dict:
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    environment.pop("HYDRA_FULL_ERROR", None)
+    return environment
+
+
+def start(cwd: Path, *args: str) -> subprocess.Popen:
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "gradexp.train", *args], cwd=cwd, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, process: subprocess.Popen, what: str):
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"never saw {what}")
+
+
+def rows(table: Path) -> int:
+    try:
+        with table.open() as f:
+            return sum(1 for _ in f) - 1
+    except OSError:
+        return 0
+
+
+def the_sweep(cwd: Path) -> Path:
+    (sweep_dir,) = (cwd / "outputs" / "multirun").glob("*/*")
+    return sweep_dir
+
+
+def summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def mtimes(*paths: Path) -> dict[str, int]:
+    files = [f for p in paths for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file()]
+    return {str(f): f.stat().st_mtime_ns for f in files}
+
+
+def test_a_sweep_stopped_in_its_second_run_finishes_as_if_it_had_never_stopped(tmp_path):
+    whole = start(tmp_path / "whole", "-m", *SWEEP)  # alongside: two cores
+    stopped = start(tmp_path / "stopped", "-m", *SWEEP)
+    second = wait_for(lambda: next((tmp_path / "stopped").glob("outputs/multirun/*/*/1"), None),
+                      stopped, "the second run")
+    wait_for(lambda: rows(second / "metrics.csv") > 40, stopped, "the second run's rows")
+    stopped.send_signal(signal.SIGTERM)
+    out, err = stopped.communicate(timeout=120)
+    assert stopped.returncode == 128 + signal.SIGTERM, err
+    sweep_dir = the_sweep(tmp_path / "stopped")
+    assert summary_of(sweep_dir / "0")["status"] == "completed"
+    interrupted = summary_of(sweep_dir / "1")
+    assert interrupted["status"] == "interrupted" and 40 < interrupted["steps"] < 500
+    assert not (sweep_dir / "2").exists() and not (sweep_dir / "3").exists()
+    # run 2 as a crash leaves it: a failed summary and files of its own; they must not survive
+    (sweep_dir / "2").mkdir()
+    (sweep_dir / "2" / "summary.json").write_text('{"status": "failed", "error": "OSError"}')
+    (sweep_dir / "2" / "metrics.csv").write_text("step,loss/train\n1,123\n")
+    (sweep_dir / "2" / "stale.txt").write_text("from the failed attempt")
+    own_hydra = {p.name: p.read_bytes() for p in (sweep_dir / "1" / ".hydra").iterdir()}
+    untouched = mtimes(sweep_dir / "0", sweep_dir / "multirun.yaml",
+                       *sweep_dir.glob("events.out.tfevents.*"))
+
+    refused = gradexp("gradexp.train", f"resume={sweep_dir}", "clip=0.2", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "clip=0.2 differs from the sweep's own clip=0.1" in refused.stderr
+    # the sweep's own overrides, repeated as they were, are no other setting
+    resumed = gradexp("gradexp.train", f"resume={sweep_dir}", *SWEEP, cwd=tmp_path / "stopped",
+                      timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"sweep: 4 runs (4 completed) in {sweep_dir.resolve()}" in resumed.stdout
+    assert "1 finished runs kept, 1 resumed, 1 run again, 1 started" in resumed.stdout + \
+        resumed.stderr
+    assert mtimes(sweep_dir / "0", sweep_dir / "multirun.yaml",
+                  *sweep_dir.glob("events.out.tfevents.*")) == untouched
+    log = (sweep_dir / "1" / "train.log").read_text()
+    assert f"resuming at step {interrupted['steps']}:" in log
+    assert {p.name: p.read_bytes() for p in (sweep_dir / "1" / ".hydra").iterdir()
+            if p.is_file()} == own_hydra  # the resuming job's config sits in resumed-<time>/
+    assert len(list((sweep_dir / "1" / ".hydra").glob("resumed-*/overrides.yaml"))) == 1
+    assert not (sweep_dir / "2" / "stale.txt").exists()
+
+    out, err = whole.communicate(timeout=600)
+    assert whole.returncode == 0, err
+    reference = the_sweep(tmp_path / "whole")
+    for run in ("0", "1", "2", "3"):
+        assert (sweep_dir / run / "metrics.csv").read_bytes() == \
+            (reference / run / "metrics.csv").read_bytes(), run
+        assert summary_of(sweep_dir / run)["final_loss"] == summary_of(reference / run)[
+            "final_loss"]
+        assert (sweep_dir / run / ".hydra" / "overrides.yaml").read_bytes() == \
+            (reference / run / ".hydra" / "overrides.yaml").read_bytes()
+    assert len(pd.read_csv(sweep_dir / "1" / "metrics.csv")) == 500
+
+
+def test_a_killed_submitit_job_re_executed_resumes_from_its_checkpoint(tmp_path):
+    """SIGKILL the job (as an out-of-memory kill or a lost node would), then run the job
+    submitit pickled, as a Slurm requeue does: the run goes on from its last checkpoint."""
+    steps = ["trainer.steps=600", "trainer.checkpoint_every=100", *[
+        s for s in STEADY if not s.startswith(("trainer.steps", "trainer.checkpoint_every"))]]
+    sweep = start(tmp_path, "-m", "hydra/launcher=submitit_local", *steps)
+    run_dir = wait_for(lambda: next(tmp_path.glob("outputs/multirun/*/*/0"), None), sweep,
+                       "the job's run directory")
+    wait_for(lambda: (run_dir / "checkpoints" / "step-100.index").exists()
+             and rows(run_dir / "metrics.csv") > 120, sweep, "a checkpoint")
+    killed_at = rows(run_dir / "metrics.csv")
+    os.kill(summary_of(run_dir)["pid"], signal.SIGKILL)
+    sweep.communicate(timeout=120)
+    assert sweep.returncode != 0  # the launcher saw its job die
+    assert summary_of(run_dir)["status"] == "running" and killed_at < 600
+    saved = int(next((run_dir / "checkpoints").glob("step-*.index")).stem.split("-")[1])
+    assert saved >= 100 and saved % 100 == 0
+
+    (job_folder,) = [d.parent for d in (run_dir.parent / ".submitit").glob("*/*_submitted.pkl")]
+    job_id = job_folder.name
+    requeued = subprocess.run(
+        [sys.executable, "-u", "-m", "submitit.core._submit", str(job_folder.parent / "%j")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**env(), "SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": job_id,
+             "SUBMITIT_LOCAL_NTASKS": "1", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+             "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_GLOBALID": "0",
+             "SUBMITIT_LOCAL_LOCALID": "0"})
+    assert requeued.returncode == 0, requeued.stderr
+    log = (run_dir / "train.log").read_text()
+    assert "the run was killed; resuming it from its checkpoint" in log
+    assert f"resuming at step {saved}:" in log and "resuming at step 0" not in log
+    done = summary_of(run_dir)
+    assert done["status"] == "completed" and done["steps"] == 600
+    table = pd.read_csv(run_dir / "metrics.csv")
+    assert list(table["step"]) == list(range(1, 601))  # the rows past the checkpoint, redone
+    provenance = json.loads((run_dir / "provenance.json").read_text())
+    assert len(provenance["resumes"]) == 1
+
+
+def test_resume_refuses_bad_input_in_one_line(tmp_path):
+    """A directory that is neither a run nor a sweep; a run's override given another value."""
+    neither = tmp_path / "neither"
+    neither.mkdir()
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("- clip=0.1\n- seed=3\n")
+    (run / "summary.json").write_text('{"status": "interrupted"}')
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "checkpoint").write_text("")
+    for args, message in (
+            ([f"resume={neither}"], f"resume={neither}: neither a run directory"),
+            ([f"resume={run}", "clip=0.1", "seed=4"],
+             f"resume={run}: seed=4 differs from the run's own seed=3"),
+            ([f"resume={run}", "model.width=8"],
+             f"resume={run}: the run goes on with its own config; drop model.width=8")):
+        result = gradexp("gradexp.train", *args, cwd=tmp_path)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr
+        assert lines[0].startswith(f"error: {message}"), lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["neither", "run"]
