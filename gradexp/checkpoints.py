@@ -7,7 +7,8 @@ is seeded from the config. `resume=<run dir>` restores the latest checkpoint and
 
 SIGINT and SIGTERM during training set a flag that the loop reads between compiled calls
 (every `trainer.log_every` steps at most): it flushes the logs, saves a checkpoint and marks the
-run interrupted. A second SIGINT stops at once.
+run interrupted. A second SIGINT stops at once. SIGUSR2, a scheduler's notice (submitit's
+requeue on pre-emption or time-out), does the same before its own handler runs.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ class StopRequests:
 
 @contextlib.contextmanager
 def stop_requests():
-    """Within the block, SIGINT and SIGTERM ask the run to stop at the next safe point."""
+    """Within the block, SIGINT and SIGTERM ask the run to stop at the next safe point. So does
+    SIGUSR2 when a Python handler owns it: a job scheduler's warning that the job is about to be
+    stopped (submitit's handler requeues the job and exits at once). Its handler is put back
+    when the block ends, for the caller to call once the run is checkpointed and recorded."""
     requests = StopRequests()
 
     def ask(signum, frame):
@@ -64,8 +68,12 @@ def stop_requests():
             raise KeyboardInterrupt  # asked twice: stop now
         requests.signal = signum
 
+    watched = [signal.SIGINT, signal.SIGTERM]
+    usr2 = getattr(signal, "SIGUSR2", None)
+    if usr2 is not None and callable(signal.getsignal(usr2)):
+        watched.append(usr2)
     try:
-        previous = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, ask) for s in watched}
     except ValueError:  # not the main thread: leave signals to whoever owns them
         previous = {}
     try:
