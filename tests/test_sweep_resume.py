@@ -185,3 +185,48 @@ def test_resume_refuses_bad_input_in_one_line(tmp_path):
         assert result.returncode == 2 and len(lines) == 1, result.stderr
         assert lines[0].startswith(f"error: {message}"), lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["neither", "run"]
+
+
+def test_a_submitit_job_warned_by_usr2_checkpoints_is_requeued_and_resumes(tmp_path):
+    """SIGUSR2 is Slurm's notice before a time-out or pre-emption (`--signal=USR2@120`), and
+    submitit's handler requeues the job. The run first stops after the call under way and
+    checkpoints (checkpoint_every=0: that is its only checkpoint); submitit_local then runs the
+    requeued job, which resumes there, and the sweep ends as if nothing had happened."""
+    steps = ["trainer.checkpoint_every=0", *[
+        s for s in STEADY if not s.startswith("trainer.checkpoint_every")]]
+    sweep = start(tmp_path, "-m", "hydra/launcher=submitit_local", *steps)
+    run_dir = wait_for(lambda: next(tmp_path.glob("outputs/multirun/*/*/0"), None), sweep,
+                       "the job's run directory")
+    wait_for(lambda: rows(run_dir / "metrics.csv") > 40, sweep, "the job's rows")
+    os.kill(summary_of(run_dir)["pid"], signal.SIGUSR2)
+    out, err = sweep.communicate(timeout=600)
+    assert sweep.returncode == 0, err
+    assert "sweep: 1 runs (1 completed)" in out
+    log = (run_dir / "train.log").read_text()
+    stopped = int(log.split("interrupted: final loss")[1].split(" steps in")[0].split()[-1])
+    assert 40 < stopped < 500
+    assert "the run was interrupted; resuming it from its checkpoint" in log
+    assert f"resuming at step {stopped}:" in log
+    assert list(pd.read_csv(run_dir / "metrics.csv")["step"]) == list(range(1, 501))
+    assert summary_of(run_dir)["status"] == "completed"
+
+
+def test_slurm_requeues_on_pre_emption_and_time_out_by_default():
+    """conf/hydra/launcher/slurm.yaml as submitit turns it into sbatch lines."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    import gradexp.config  # noqa: F401  (puts the schemas in Hydra's ConfigStore)
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    launcher = cfg.hydra.launcher
+    assert launcher.max_num_timeout >= 1  # time-outs requeue (pre-emptions always do)
+    sbatch = _make_sbatch_string(command="true", folder="/tmp/%j", job_name="gradexp",
+                                 signal_delay_s=launcher.signal_delay_s,
+                                 additional_parameters=dict(launcher.additional_parameters))
+    assert "#SBATCH --requeue" in sbatch.splitlines()
+    assert f"#SBATCH --signal=USR2@{launcher.signal_delay_s}" in sbatch.splitlines()
