@@ -96,7 +96,8 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run(tmp_path, u
     assert (run_dir / "checkpoints" / f"step-{step}.index").exists()
     before = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir() if p.is_file()}
 
-    resumed = gradexp("gradexp.train", f"resume={run_dir}", cwd=tmp_path)
+    # the run's own overrides, repeated as they were, are accepted (another value is not)
+    resumed = gradexp("gradexp.train", f"resume={run_dir}", *STEADY, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert summary_of(run_dir)["status"] == "completed"
     after = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir() if p.is_file()}
