@@ -81,6 +81,14 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def same_config(record: dict[str, Any], config: dict[str, Any]) -> bool:
+    """Whether a summary.json `record` is of a run of `config` (a plain dict), compared as
+    summary.json stores it. A record without its config (an older run) is taken as the same."""
+    if "config" not in record:
+        return True
+    return record["config"] == json.loads(json.dumps(_jsonable(config)))
+
+
 def read_status(run_dir: Path) -> tuple[str, dict[str, Any]]:
     """(status, summary.json as a dict); ("unknown", {}) when it is missing or unreadable."""
     try:

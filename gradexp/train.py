@@ -8,7 +8,6 @@ loop, then its small helpers.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -81,8 +80,7 @@ def rundir_action(run_dir: Path, cfg: DictConfig) -> str:
     status, record = rundir.read_status(run_dir)
     if action == rundir.BUSY:
         raise rundir.NotResumable(f"{run_dir}: its run is still going (pid {record['pid']})")
-    if "config" in record and record["config"] != json.loads(json.dumps(
-            rundir._jsonable(OmegaConf.to_container(cfg)))):
+    if not rundir.same_config(record, OmegaConf.to_container(cfg)):
         raise rundir.NotResumable(f"{run_dir}: holds a {status} run of another config; "
                                   "give this run its own directory")
     if action == rundir.KEEP:

@@ -101,7 +101,7 @@ def test_a_sweep_stopped_in_its_second_run_finishes_as_if_it_had_never_stopped(t
                       timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     assert f"sweep: 4 runs (4 completed) in {sweep_dir.resolve()}" in resumed.stdout
-    assert "1 finished runs kept, 1 resumed, 1 run again, 1 started" in resumed.stdout + \
+    assert "kept (finished) 1, resumed 1, run again 1, started 1" in resumed.stdout + \
         resumed.stderr
     assert mtimes(sweep_dir / "0", sweep_dir / "multirun.yaml",
                   *sweep_dir.glob("events.out.tfevents.*")) == untouched
@@ -144,15 +144,18 @@ def test_a_killed_submitit_job_re_executed_resumes_from_its_checkpoint(tmp_path)
     assert saved >= 100 and saved % 100 == 0
 
     (job_folder,) = [d.parent for d in (run_dir.parent / ".submitit").glob("*/*_submitted.pkl")]
-    job_id = job_folder.name
-    requeued = subprocess.run(
-        [sys.executable, "-u", "-m", "submitit.core._submit", str(job_folder.parent / "%j")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-        env={**env(), "SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": job_id,
-             "SUBMITIT_LOCAL_NTASKS": "1", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
-             "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_GLOBALID": "0",
-             "SUBMITIT_LOCAL_LOCALID": "0"})
-    assert requeued.returncode == 0, requeued.stderr
+
+    def re_execute() -> None:  # what a requeue runs: the job submitit pickled
+        requeued = subprocess.run(
+            [sys.executable, "-u", "-m", "submitit.core._submit", str(job_folder.parent / "%j")],
+            cwd=tmp_path, capture_output=True, text=True, timeout=600,
+            env={**env(), "SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": job_folder.name,
+                 "SUBMITIT_LOCAL_NTASKS": "1", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+                 "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_GLOBALID": "0",
+                 "SUBMITIT_LOCAL_LOCALID": "0"})
+        assert requeued.returncode == 0, requeued.stderr
+
+    re_execute()
     log = (run_dir / "train.log").read_text()
     assert "the run was killed; resuming it from its checkpoint" in log
     assert f"resuming at step {saved}:" in log and "resuming at step 0" not in log
@@ -162,6 +165,12 @@ def test_a_killed_submitit_job_re_executed_resumes_from_its_checkpoint(tmp_path)
     assert list(table["step"]) == list(range(1, 601))  # the rows past the checkpoint, redone
     provenance = json.loads((run_dir / "provenance.json").read_text())
     assert len(provenance["resumes"]) == 1
+    # once more: the run is completed, its result stands and nothing of it is written again
+    written = mtimes(run_dir / "metrics.csv", run_dir / "summary.json", run_dir / "checkpoints")
+    re_execute()
+    assert "the run is completed already; its result stands" in (run_dir / "train.log").read_text()
+    assert mtimes(run_dir / "metrics.csv", run_dir / "summary.json",
+                  run_dir / "checkpoints") == written
 
 
 def test_resume_refuses_bad_input_in_one_line(tmp_path):

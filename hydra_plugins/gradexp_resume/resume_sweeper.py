@@ -48,7 +48,7 @@ class ResumeSweeper(BasicSweeper):
             launch.append(pinned)
         counts = {a: sum(1 for *_, b in jobs if b == a) for a in
                   (rundir.KEEP, rundir.RESUME, rundir.RESTART, rundir.START)}
-        log.info("resuming %s: %d finished runs kept, %d resumed, %d run again, %d started",
+        log.info("resuming %s: kept (finished) %d, resumed %d, run again %d, started %d",
                  sweep_dir, *counts.values())
         if not launch:
             return []
