@@ -89,8 +89,9 @@ def rundir_action(run_dir: Path, cfg: DictConfig) -> str:
         log.info("%s: the run was %s; resuming it from its checkpoint", run_dir,
                  "interrupted" if status == rundir.INTERRUPTED else "killed")
     else:
-        log.info("%s: the run %s; starting it again from step 0", run_dir,
-                 "failed" if status == rundir.FAILED else "stopped before a checkpoint")
+        why = {rundir.FAILED: "failed", "unknown": "left no readable summary.json"}.get(
+            status, "stopped before a checkpoint")
+        log.info("%s: the run %s; starting it again from step 0", run_dir, why)
         rundir.clear_run(run_dir)
     return action
 
