@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -178,5 +179,34 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
+class PipeSafeStdout:
+    """stdout for a reader that may stop early (`summarize DIR | head`): once the pipe is
+    closed, the rest of the table goes to /dev/null and summarize still writes its files,
+    instead of dying in a BrokenPipeError traceback (the signal module's "Note on SIGPIPE")."""
+
+    def __init__(self, stream):
+        self.stream, self.reader_gone = stream, False
+
+    def write(self, text: str) -> int:
+        return self._guarded(self.stream.write, text) or len(text)
+
+    def flush(self) -> None:
+        self._guarded(self.stream.flush)
+
+    def _guarded(self, call, *args):
+        if self.reader_gone:
+            return None
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            self.reader_gone = True  # and the bytes still buffered must not fail at exit:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+            return None
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 if __name__ == "__main__":
+    sys.stdout = PipeSafeStdout(sys.stdout)
     sys.exit(main())

@@ -130,6 +130,20 @@ def test_plots_name_every_panel_and_use_a_log_axis_for_far_apart_losses(tmp_path
     assert ax.get_yscale() == "log" and 0 < ax.get_ylim()[0] < 0.2
 
 
+
+def test_a_reader_that_stops_early_ends_summarize_quietly(tmp_path):
+    """`summarize DIR | head`: the pipe is closed before summarize prints its first line (it
+    is still importing pandas), so every write fails with EPIPE; the user sees no traceback
+    and summarize still writes its files."""
+    two_sweeps(tmp_path)
+    child = subprocess.Popen([sys.executable, "-m", "gradexp.summarize", str(tmp_path)],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdout.close()
+    _, err = child.communicate(timeout=120)
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
+    assert child.returncode == 0
+    assert len(read_csv(tmp_path / "summary.csv")) == 3 * len(METRICS)
+
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     result = summarize_cli("/nonexistent", cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
