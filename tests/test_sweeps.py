@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -14,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import gradexp
+from conftest import REPO, gradexp
 
 # Launchers are the subject here, not the step: no XLA compile (~3 s a run) for 20 steps.
 TINY = ["trainer.jit_compile=false", "trainer.steps=20", "trainer.log_every=10",
@@ -61,8 +64,8 @@ def assert_summary_compares_clip_with_baseline(sweep_dir: Path, paired: int = 2)
 
 
 @pytest.fixture(scope="module")
-def basic_sweep(tmp_path_factory):
-    return sweep(tmp_path_factory.mktemp("basic"), *SWEEP)
+def basic_sweep(tmp_path_factory):  # deterministic: the Ray launcher's numbers must equal these
+    return sweep(tmp_path_factory.mktemp("basic"), *SWEEP, "deterministic=true")
 
 
 def test_basic_launcher(basic_sweep):
@@ -274,3 +277,68 @@ def test_tensorboard_serves_the_summary_bands_of_a_real_sweep(served_sweep):
                 np.testing.assert_allclose(read, expected, rtol=2e-7, atol=1e-7)
                 if clip == "0.1" and m == "loss/train":
                     assert [p[2] for p in served[kind]] == read  # TensorBoard serves the same
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """`ray start --head` on this machine (2 CPUs, free ports, a temp dir of its own), as a user
+    starts a cluster's head; yields its address. Stopped at the end, even when a test fails, by
+    signalling its process group: `ray stop` would stop every Ray runtime on the machine."""
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths live here
+    log = Path(temp_dir, "head.log")
+    port = free_port()
+    with open(log, "w") as out:
+        head = subprocess.Popen(
+            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+             "--num-cpus=2", f"--port={port}", f"--ray-client-server-port={free_port()}",
+             f"--temp-dir={temp_dir}", "--include-dashboard=false", "--disable-usage-stats"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)})  # the workers import this checkout
+    try:
+        deadline = time.monotonic() + 300
+        while "Ray runtime started" not in log.read_text():
+            assert head.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop_process_group(head)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def stop_process_group(leader: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM to the group (`ray start --block` then stops what it started), SIGKILL to
+    whatever is left of it after `grace` seconds."""
+    os.killpg(leader.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(leader.pid, 0)
+        except ProcessLookupError:
+            break
+        leader.poll()  # reap the leader
+        time.sleep(0.5)
+    else:
+        try:
+            os.killpg(leader.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    leader.wait(timeout=30)
+
+
+def test_ray_launcher_gives_the_basic_launchers_numbers(ray_cluster, basic_sweep, tmp_path):
+    """The 4-run sweep on a local Ray cluster (1 CPU a job, 2 at once, a fresh worker process
+    per job) writes the same numbers as the basic launcher, byte for byte."""
+    sweep_dir, result = sweep(tmp_path, "hydra/launcher=ray",
+                              f"hydra.launcher.address={ray_cluster}", *SWEEP,
+                              "deterministic=true")
+    assert_four_completed_runs(sweep_dir, result)
+    basic_dir, _ = basic_sweep
+    for job in ("0", "1", "2", "3"):
+        ray_metrics = (sweep_dir / job / "metrics.csv").read_bytes()
+        assert ray_metrics == (basic_dir / job / "metrics.csv").read_bytes(), job
+    assert gradexp("gradexp.summarize", str(basic_dir), cwd=basic_dir).returncode == 0
+    assert (sweep_dir / "runs.csv").read_bytes() == (basic_dir / "runs.csv").read_bytes()
+    # max_calls=1: every run in a process of its own (its pid ends TensorBoard's file name)
+    pids = {next(sweep_dir.glob(f"{job}/events.out.tfevents.*")).name.split(".")[-2]
+            for job in ("0", "1", "2", "3")}
+    assert len(pids) == 4
