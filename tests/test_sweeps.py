@@ -284,6 +284,10 @@ def ray_cluster():
     """`ray start --head` on this machine (2 CPUs, free ports, a temp dir of its own), as a user
     starts a cluster's head; yields its address. Stopped at the end, even when a test fails, by
     signalling its process group: `ray stop` would stop every Ray runtime on the machine."""
+    # Ray 2.5x turns token authentication on for `ray start` when ~/.ray/auth_token exists, but
+    # not for a driver given an explicit address: say "off" to both, whatever this machine has
+    patch = pytest.MonkeyPatch()
+    patch.setenv("RAY_AUTH_MODE", "disabled")
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths live here
     log = Path(temp_dir, "head.log")
     port = free_port()
@@ -303,11 +307,12 @@ def ray_cluster():
     finally:
         stop_process_group(head)
         shutil.rmtree(temp_dir, ignore_errors=True)
+        patch.undo()
 
 
-def stop_process_group(leader: subprocess.Popen, grace: float = 30) -> None:
+def stop_process_group(leader: subprocess.Popen, grace: float = 5) -> None:
     """SIGTERM to the group (`ray start --block` then stops what it started), SIGKILL to
-    whatever is left of it after `grace` seconds."""
+    whatever is left of it after `grace` seconds (Ray's GCS server can take 30 s to go)."""
     os.killpg(leader.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
@@ -342,3 +347,41 @@ def test_ray_launcher_gives_the_basic_launchers_numbers(ray_cluster, basic_sweep
     pids = {next(sweep_dir.glob(f"{job}/events.out.tfevents.*")).name.split(".")[-2]
             for job in ("0", "1", "2", "3")}
     assert len(pids) == 4
+
+
+def test_ray_launcher_survives_a_killed_worker_and_stops_cleanly_on_sigterm(ray_cluster,
+                                                                           tmp_path):
+    """Two long runs on the cluster: run 0's worker is killed (SIGKILL), then the launching
+    process gets SIGTERM. Run 1 stops at its next safe point with a checkpoint; run 0 stays
+    `running` (killed, resumable); the launcher exits 128 + SIGTERM."""
+    args = ["-m", "gradexp.train", "-m", "hydra/launcher=ray",
+            f"hydra.launcher.address={ray_cluster}", "seed=0,1", *TINY, "trainer.steps=1000000",
+            "trainer.eval_every=1000000", "trainer.checkpoint_every=0"]
+    driver = subprocess.Popen([sys.executable, *args], cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and len(training(tmp_path)) < 2:
+            assert driver.poll() is None
+            time.sleep(1)
+        sweep_dir = next(tmp_path.glob("outputs/multirun/*/*"))
+        worker = json.loads((sweep_dir / "0" / "summary.json").read_text())["pid"]
+        os.kill(worker, signal.SIGKILL)
+        driver.send_signal(signal.SIGTERM)
+        output, _ = driver.communicate(timeout=300)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 128 + signal.SIGTERM, output
+    assert "stopped by SIGTERM" in output
+    done = runs(sweep_dir)
+    assert done["0"]["status"] == "running"
+    assert done["1"]["status"] == "interrupted" and done["1"]["stopped_by"] == "SIGINT"
+    assert (sweep_dir / "1" / "checkpoints" / "checkpoint").is_file()
+
+
+def training(cwd: Path) -> list[Path]:
+    """The sweep's runs that have written a row: in their loop, where a stop request is heard."""
+    return [table for table in cwd.glob("outputs/multirun/*/*/*/metrics.csv")
+            if len(table.read_text().splitlines()) > 1]

@@ -12,7 +12,8 @@ goes on. A job whose worker process dies (killed, out of memory, node lost) come
 SIGINT/SIGTERM of the driver: every job not yet done is cancelled; Ray raises KeyboardInterrupt
 in a running one (the same as SIGINT, which gradexp's run takes as "stop after this call,
 checkpoint, status interrupted"), queued ones never start. The driver waits for the running
-ones to stop, then exits 128 + the signal. A second signal kills the workers at once.
+ones to stop, then exits 128 + the signal. A second signal kills the workers at once (a job
+that was starting when the first came may have missed its cancel: seen once, under heavy load).
 """
 
 from __future__ import annotations
