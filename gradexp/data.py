@@ -255,6 +255,7 @@ def keras_files_in(directory: Path, dataset: str, load_data):
                  extract=False, **kwargs):
         where = directory / os.path.relpath(cache_subdir, "datasets")  # fashion-mnist/ stays
         target = where / keras_download_name(fname, extract)
+        made = [p for p in (where, *where.parents) if not p.exists()]  # get_file makes them
         if target.exists():
             # Someone put this file here: use it. On a hash mismatch Keras would delete it and
             # download again, and here that fails.
@@ -265,6 +266,9 @@ def keras_files_in(directory: Path, dataset: str, load_data):
         except Exception as exc:
             if target.exists():
                 raise
+            for made_dir in made:  # bad input changes nothing on disk: remove what Keras made
+                with contextlib.suppress(OSError):  # not empty: then it is not only ours
+                    made_dir.rmdir()
             # Keras says "URL fetch failure on <origin>: <errno> -- <reason>": keep the reason
             reason = (str(exc).splitlines() or [type(exc).__name__])[0].rpartition(" -- ")[2]
             raise ConfigError(
