@@ -88,14 +88,22 @@ def describe(where: str, strategy_name: str, strategy) -> dict:
             "visible": visible, "physical": physical}
 
 
+def set_op_determinism(on: bool) -> None:
+    """TensorFlow op determinism on or off for the process (its public API only turns it on:
+    tf.config.experimental.enable_op_determinism; both live in tensorflow.python.framework)."""
+    from gradexp._tf import tf  # noqa: I001, F401  (TensorFlow imported quietly, first)
+    from tensorflow.python.framework import config as framework
+
+    (framework.enable_op_determinism if on else framework.disable_op_determinism)()
+
+
 def prepare_process(device: str, policy: str, seed: int, deterministic: bool) -> str:
     """Everything a run sets in its process before building a model, reset every run (a
     reused worker keeps the last run's state): op determinism, devices, a fresh Keras session,
     the seeds, the dtype policy. Returns `configure`'s description of the devices."""
-    from gradexp._tf import keras, tf
+    from gradexp._tf import keras
 
-    if deterministic:
-        tf.config.experimental.enable_op_determinism()
+    set_op_determinism(deterministic)  # off too: a process's earlier run may have set it
     where = configure(device)
     keras.backend.clear_session()
     keras.utils.set_random_seed(seed)

@@ -17,6 +17,22 @@ QUICK = ["trainer.steps=30", "trainer.log_every=10", "trainer.eval_every=30",
          "trainer.histogram_every=30", "model.width=16"]
 
 
+@pytest.fixture(autouse=True)
+def fresh_global_state():
+    """What a test's in-process run sets for the whole process (gradexp.devices.prepare_process:
+    the Keras dtype policy, TensorFlow op determinism) is undone after it, so a test sees the
+    defaults whichever tests ran before it in the same process."""
+    yield
+    if "keras" in sys.modules:
+        import keras
+
+        keras.config.set_dtype_policy("float32")
+    if "tensorflow" in sys.modules:
+        from gradexp.devices import set_op_determinism
+
+        set_op_determinism(False)
+
+
 @pytest.fixture
 def make_cfg():
     """compose(overrides) → the real config from conf/, with the given overrides."""

@@ -64,7 +64,7 @@ BAD = [
     (["clipping=zclip", "clipping.mode=percentile", "clipping.clip_factor=0.5"],
      "clipping.clip_factor=0.5", "not used by mode=percentile"),
     # resume
-    (["resume=/nonexistent"], "resume=/nonexistent", "neither a run directory"),
+    (["resume=no/such/run"], "resume=no/such/run", "neither a run directory"),  # in tmp_path
     (["-m", "resume=/x"], "resume=/x", "not a sweep"),
     pytest.param(["device=gpu"], "device=gpu", "device=auto or cpu",
                  marks=pytest.mark.skipif("has_gpu()", reason="a GPU is visible here")),

@@ -101,3 +101,19 @@ def test_mirrored_strategy_follows_the_one_device_curve(tmp_path):
             assert (one["param_clip/clipped"] == 1).any()
             np.testing.assert_allclose(two["grad_norm/global/post"],
                                        one["grad_norm/global/post"], rtol=1e-4)
+
+
+def test_a_run_resets_what_an_earlier_run_in_the_process_set():
+    """A sweep's jobs share a process (the basic launcher): deterministic=true in one run must
+    not stay on for the next, nor a mixed policy."""
+    from tensorflow.python.framework import config as tf_config
+
+    from gradexp._tf import keras
+    from gradexp.devices import prepare_process
+
+    prepare_process("cpu", "mixed_bfloat16", 0, deterministic=True)
+    assert tf_config.is_op_determinism_enabled()
+    assert keras.config.dtype_policy().name == "mixed_bfloat16"
+    prepare_process("cpu", "float32", 0, deterministic=False)
+    assert not tf_config.is_op_determinism_enabled()
+    assert keras.config.dtype_policy().name == "float32"

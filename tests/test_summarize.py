@@ -145,9 +145,9 @@ def test_a_reader_that_stops_early_ends_summarize_quietly(tmp_path):
     assert len(read_csv(tmp_path / "summary.csv")) == 3 * len(METRICS)
 
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
-    result = summarize_cli("/nonexistent", cwd=tmp_path)
+    result = summarize_cli("no/such/dir", cwd=tmp_path)  # relative to a fresh directory
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == "error: /nonexistent: no such directory\n"
+    assert result.stderr == "error: no/such/dir: no such directory\n"
     (tmp_path / "empty").mkdir()
     assert S.main([str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'empty'}: no readable runs\n"
