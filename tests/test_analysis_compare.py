@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.stats
 from fake_runs import ending_at, write_run
 
-from gradexp.analysis.compare import summarize
+from gradexp.analysis.compare import _wins, summarize
 from gradexp.analysis.metrics import Settings
 from gradexp.analysis.reports import group_table
 from gradexp.analysis.runs import load_runs
@@ -150,3 +151,18 @@ def test_printed_validation_metric(tmp_path, accuracy, shown):
     if "val_loss" in shown:  # mean 2 ± t(0.975, 1) · √2 / √2 = 12.7
         assert table.loc["0.1", "val_loss"] == "2±13"
         assert table.loc["0.1", "Δ val_loss"] == "+0±0 0/2"  # two ties
+
+
+def test_a_pair_is_won_lost_or_tied_by_hand():
+    """Per paired seed, for a lower-is-better and a higher-is-better metric: better wins, worse
+    loses, equal ties; a missing value (target never reached) loses to any value, and two
+    missing values tie — not a loss, which would move the sign test (0 wins, 1 loss: p stays 1,
+    but 0 wins, 3 losses: p = 0.25)."""
+    nan = math.nan
+    pairs = pd.DataFrame({
+        "metric": ["final_loss"] * 6 + ["val_accuracy"] * 2,
+        "value": [1.0, 2.0, 1.0, nan, 1.0, nan, 0.9, 0.8],
+        "baseline_value": [2.0, 1.0, 1.0, 1.0, nan, nan, 0.8, 0.9]})
+    win, tie = _wins(pairs)
+    assert list(win) == [True, False, False, False, True, False, True, False]
+    assert list(tie) == [False, False, True, False, False, True, False, False]
