@@ -128,6 +128,19 @@ def test_summarize_reads_the_trainers_numbers_to_the_last_digit(clipped_run):
     assert run_metrics(table)["val_accuracy"] == trainer["val_accuracy"]
 
 
+
+def test_clip_fraction_is_the_share_of_elements_changed(clipped_run):
+    """From a clip layer's statistics [Σg², Σdx², changed, count]: ‖dy‖ before and after and the
+    fraction changed / count (by hand: 3 of 12); and in a real clipped run every logged fraction
+    is a share, in [0, 1], with some elements clipped at ±0.1."""
+    from gradexp.step import layer_metrics
+
+    m = {k: float(v) for k, v in layer_metrics("d", [4.0, 1.0, 3.0, 12.0]).items()}
+    assert m == {"grad_norm/d/pre": 2.0, "grad_norm/d/post": 1.0, "clip_fraction/d": 0.25}
+    table = read_metrics(clipped_run[0] / "metrics.csv")
+    fractions = table[[f"clip_fraction/{p}" for p in LAYERS]].to_numpy()
+    assert ((fractions >= 0) & (fractions <= 1)).all() and fractions.max() > 0
+
 def test_unclipped_run_has_equal_pre_and_post_norms(make_cfg, tmp_path):
     cfg = make_cfg(*QUICK, "trainer.steps=20", "trainer.eval_every=10")
     summary = train(cfg, tmp_path)
