@@ -53,6 +53,16 @@ def test_on_divergence_continue_skips_non_finite_updates(make_cfg, tmp_path):
     assert summary["status"] == "diverged" and summary["steps"] == 60
     table = read_metrics(tmp_path / "metrics.csv")
     assert list(table["step"]) == list(range(1, 61))
+    # a step whose gradient is not finite is not applied: the weights stay as they were (the
+    # telemetry's ‖Δθ‖ is 0 and ‖θ‖ is the step before's, finite), on every such step
+    skipped = ~np.isfinite(table["grad_norm/global"].to_numpy())
+    assert 0 < skipped.sum() < 60
+    for layer in [c.removeprefix("param_norm/") for c in table if c.startswith("param_norm/")]:
+        weights, update = table[f"param_norm/{layer}"].to_numpy(), table[f"update_norm/{layer}"]
+        assert (update.to_numpy()[skipped] == 0).all(), layer
+        assert np.isfinite(weights).all()
+        kept = np.flatnonzero(skipped[1:]) + 1  # rows after the first
+        assert (weights[kept] == weights[kept - 1]).all(), layer
 
 
 def start(tmp_path: Path, *overrides: str) -> subprocess.Popen:
