@@ -35,6 +35,24 @@ def test_mixed_precision_trains_and_logs_finite_norms(make_cfg, tmp_path, precis
         assert "loss_scale" not in table
 
 
+
+def test_mixed_float16_layer_statistics_are_in_true_units(make_cfg, tmp_path):
+    """Under a loss scale S (2^15 at the start) the clip layers work on dy / S: the first step's
+    ‖dy‖ before clipping is a float32 run's (same seed, same batch) to float16 precision, not
+    S times it, and the share clipped at ±0.1 is close to the float32 run's."""
+    tables = {}
+    for precision in ("float32", "mixed_float16"):
+        run_dir = tmp_path / precision
+        run_dir.mkdir()
+        train(make_cfg(*SHORT, f"precision={precision}", "clip=0.1"), run_dir)
+        tables[precision] = pd.read_csv(run_dir / "metrics.csv").iloc[0]
+    full, mixed = tables["float32"], tables["mixed_float16"]
+    for layer in ("dense_1", "dense_2", "dense_3"):
+        pre = f"grad_norm/{layer}/pre"
+        assert mixed[pre] == pytest.approx(full[pre], rel=0.005), layer
+        fraction = f"clip_fraction/{layer}"
+        assert abs(mixed[fraction] - full[fraction]) < 0.05, layer
+
 def test_xla_compiled_step_matches_the_plain_one(make_cfg, tmp_path):
     plain, xla = tmp_path / "plain", tmp_path / "xla"
     for run_dir, jit in ((plain, "false"), (xla, "true")):
