@@ -117,6 +117,19 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run(tmp_path, u
     assert summary_of(run_dir)["final_loss"] == summary_of(uninterrupted)["final_loss"]
 
 
+
+def test_ctrl_c_stops_after_the_call_under_way_with_exit_130(tmp_path):
+    """SIGINT (Ctrl-C) is handled like SIGTERM: the run checkpoints, is `interrupted` by
+    SIGINT, and the process exits 128 + 2 without a traceback."""
+    process = start(tmp_path, *STEADY)
+    run_dir = wait_for_rows(tmp_path / "outputs", 50, process)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and "Traceback" not in err, err
+    stopped = summary_of(run_dir)
+    assert stopped["status"] == "interrupted" and stopped["stopped_by"] == "SIGINT"
+    assert (run_dir / "checkpoints" / f"step-{stopped['steps']}.index").exists()
+
 def test_a_resumed_streaming_run_equals_an_uninterrupted_one(tmp_path):
     """With fresh examples every step, the examples after a resume are drawn from (seed,
     dataset seed, step) as they would have been: the table is the same byte for byte. The spike
