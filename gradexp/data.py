@@ -316,17 +316,25 @@ def load(d: DictConfig) -> Arrays:
     return Arrays(x[train], y[train], x[val], y[val], num_classes)
 
 
-def pipelines(a: Arrays, batch_size: int, seed: int,
-              start_step: int = 0) -> tuple[tf.data.Dataset, tf.data.Dataset]:
+# Batches prepared in background threads, a fixed number: with tf.data.AUTOTUNE, deleting an
+# iterator waited for its tuning thread, about a second each (a run deletes one per evaluation).
+AHEAD = 2
+
+
+def pipelines(a: Arrays, batch_size: int, seed: int, start_step: int = 0,
+              ahead: bool = True) -> tuple[tf.data.Dataset, tf.data.Dataset]:
     """Endless training batches and one pass of validation batches.
 
     Training order: epoch e is the permutation argsort(stateless_uniform(n, seed=[seed, e])) of
     the n training examples; batches of `batch_size` run across epoch boundaries. The order is
     a function of (seed, position) alone, so a resumed run starts at the batch of `start_step`
     directly — no iterator state to save, and the same batches as an uninterrupted run.
+    `ahead`: prepare batches in background threads (prefetch; not for a stream read now and
+    then, whose idle prefetching iterator took seconds to delete).
     """
     if a.stream is not None:
-        return stream_batches(a, batch_size, seed, start_step), validation_batches(a, batch_size)
+        return (stream_batches(a, batch_size, seed, start_step, ahead),
+                validation_batches(a, batch_size))
     n = len(a.x_train)
     if batch_size > n:
         raise ConfigError(f"trainer.batch_size={batch_size}: larger than the "
@@ -342,12 +350,13 @@ def pipelines(a: Arrays, batch_size: int, seed: int,
              .flat_map(epoch_order)
              .skip(first_example % n)
              .batch(batch_size, drop_remainder=True)
-             .map(lambda i: (tf.gather(x_train, i), tf.gather(y_train, i)))
-             .prefetch(tf.data.AUTOTUNE))
+             .map(lambda i: (tf.gather(x_train, i), tf.gather(y_train, i))))
+    train = train.prefetch(AHEAD) if ahead else train
     return train, validation_batches(a, batch_size)
 
 
-def stream_batches(a: Arrays, batch_size: int, seed: int, start_step: int) -> tf.data.Dataset:
+def stream_batches(a: Arrays, batch_size: int, seed: int, start_step: int,
+                   ahead: bool = True) -> tf.data.Dataset:
     """Endless fresh batches: the batch of step t + 1 is `a.stream(seed, t, batch_size)`."""
     x_spec = tf.TensorSpec((batch_size, *a.x_val.shape[1:]), tf.as_dtype(a.x_val.dtype))
     y_spec = tf.TensorSpec((batch_size, *a.y_val.shape[1:]), tf.as_dtype(a.y_val.dtype))
@@ -357,9 +366,10 @@ def stream_batches(a: Arrays, batch_size: int, seed: int, start_step: int) -> tf
                                  (x_spec.dtype, y_spec.dtype), stateful=False)
         return tf.ensure_shape(x, x_spec.shape), tf.ensure_shape(y, y_spec.shape)
 
-    return (tf.data.Dataset.range(start_step, 2**62)
-            .map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-            .prefetch(tf.data.AUTOTUNE))
+    batches = tf.data.Dataset.range(start_step, 2**62)
+    if not ahead:
+        return batches.map(batch)
+    return batches.map(batch, num_parallel_calls=AHEAD, deterministic=True).prefetch(AHEAD)
 
 
 def validation_batches(a: Arrays, batch_size: int) -> tf.data.Dataset:
@@ -367,4 +377,4 @@ def validation_batches(a: Arrays, batch_size: int) -> tf.data.Dataset:
     return (tf.data.Dataset.from_tensor_slices((a.x_val, a.y_val))
             .batch(batch_size)
             .cache()
-            .prefetch(tf.data.AUTOTUNE))
+            .prefetch(AHEAD))
