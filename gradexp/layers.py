@@ -36,8 +36,9 @@ STATS = ("sum_sq_pre", "sum_sq_post", "clipped", "count")
 def _backward(dy, clip_min, clip_max, max_norm, grad_scale, loss_scale, per_example):
     """dx and the statistics vector for upstream gradient dy (see the module docstring).
 
-    Bounds are Python numbers or None; what is not asked for costs no op (the unclipped
-    baseline's backward pass is one multiply at most, and its statistics one sum of squares).
+    Bounds are Python numbers or None, where what is not asked for costs no op (the
+    unclipped baseline's backward pass is one multiply at most, and its statistics one sum of
+    squares), or float32 scalar tensors (the layer's: ±inf for no bound).
     """
     g = tf.cast(dy, tf.float32)
     if grad_scale != 1.0:
@@ -77,33 +78,39 @@ def _backward(dy, clip_min, clip_max, max_norm, grad_scale, loss_scale, per_exam
 
 
 def clip_gradient(x, clip_min=None, clip_max=None, scale=1.0, grad_scale=1.0, *,
-                  max_norm=None, norm_axis="batch", loss_scale=None, stats=None):
+                  max_norm=None, norm_axis="batch", loss_scale=None, stats=None, bounds=None):
     """y = scale·x forward; dx = clip_by_value(grad_scale·dy, clip_min, clip_max) backward.
 
     max_norm / norm_axis add a norm bound on dx; loss_scale (a float32 scalar tensor or
     variable) is the mixed-precision loss scale dy carries; `stats` (a float32 vector of 4
     zeros the caller watches) receives the backward pass's statistics as its gradient.
+    `bounds`, a float32 tensor [low, high] (±inf: no bound), takes the place of clip_min and
+    clip_max: bounds that are data, not program, so that runs differing only in them share
+    one compiled step (gradexp/batched.py). Clipping to ±inf leaves dy as it is, bit for bit.
     """
     if norm_axis not in NORM_AXES:
         raise ValueError(f"norm_axis={norm_axis}: must be one of {', '.join(NORM_AXES)}")
     x = tf.convert_to_tensor(x)
     if stats is None:
         stats = tf.zeros([len(STATS)], tf.float32)
+    given = bounds is not None
+    bounds = tf.zeros([2], tf.float32) if bounds is None else bounds
 
     # Only tensors cross tf.custom_gradient, positionally (it drops keyword arguments,
     # tensorflow#65839); the loss scale is read inside the backward pass, when it is known.
     @tf.custom_gradient
-    def op(x, stats):
+    def op(x, stats, bounds):
         def grad(dy):
             s = None if loss_scale is None else tf.cast(tf.convert_to_tensor(loss_scale),
                                                         tf.float32)
-            dx, stats_grad = _backward(dy, clip_min, clip_max, max_norm, grad_scale, s,
+            low, high = (bounds[0], bounds[1]) if given else (clip_min, clip_max)
+            dx, stats_grad = _backward(dy, low, high, max_norm, grad_scale, s,
                                        norm_axis == "example")
-            return dx, stats_grad
+            return dx, stats_grad, tf.zeros_like(bounds)
 
         return (x if scale == 1.0 else tf.cast(scale, x.dtype) * x), grad
 
-    return op(x, stats)
+    return op(x, stats, bounds)
 
 
 @keras.saving.register_keras_serializable(package="gradexp")
@@ -137,12 +144,18 @@ class ClipGradient(keras.layers.Layer):
             name="gradient_stats", shape=(len(STATS),), initializer="zeros", trainable=False,
             dtype="float32",
         )
+        low = float("-inf") if self.clip_min is None else self.clip_min
+        high = float("inf") if self.clip_max is None else self.clip_max
+        self.clip_bounds = self.add_weight(  # data, not program: see clip_gradient's `bounds`
+            name="clip_bounds", shape=(2,), trainable=False, dtype="float32",
+            initializer=lambda shape, dtype: tf.constant([low, high], dtype))
 
     def call(self, x):
         return clip_gradient(
             x, self.clip_min, self.clip_max, self.scale, self.grad_scale,
             max_norm=self.max_norm, norm_axis=self.norm_axis, loss_scale=self._loss_scale(),
-            stats=tf.convert_to_tensor(self.gradient_stats))
+            stats=tf.convert_to_tensor(self.gradient_stats),
+            bounds=tf.convert_to_tensor(self.clip_bounds))
 
     def compute_output_shape(self, input_shape):
         return input_shape
