@@ -21,6 +21,8 @@ alike. The last line printed is one JSON object:
     determinism_cost      time per step with deterministic=true ÷ without (separate processes:
                           op determinism is for the whole process)
     flop_fraction         the compute-bound MLP's FLOP rate ÷ a 2048² tf.matmul's
+    sweep_speedup, sweep_step_fraction (_rnn): basic launcher ÷ hydra/launcher=gradexp on a
+                          10-run sweep, and its share in steps (gradexp/bench_sweeps.py, alone)
 
 and the raw steps/s behind each ratio. "gradexp's steps/s" is the run's own figure: steps after
 the first compiled call (which traces) over the wall time to the end of the loop, logging,
@@ -42,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gradexp import rundir
+from gradexp import bench_sweeps, rundir
 from gradexp.train import CONF_DIR
 
 WORKLOADS = {  # name: overrides of the default config
@@ -313,10 +315,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m gradexp.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
-                        help="fewer steps and repeats, and only the ratios the targets name "
-                             "on the default and compute-bound MLPs, the summary and the config "
-                             "error (under 2 minutes on 2 cores); per-model, checkpoint and "
-                             "determinism ratios come from the full run (about 17 minutes)")
+                        help="the targets' ratios on the MLPs, summary and config error, "
+                             "fewer steps (under 2 minutes); the rest: full run (~25 minutes)")
     parser.add_argument("--repeats", type=int, help="rounds per comparison (default 3, quick 2)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides for every run, e.g. trainer.jit_compile=false")
@@ -384,6 +384,7 @@ def main(argv: list[str] | None = None) -> dict:
                               repeats)
         report("checkpoints", {"checkpoint_cost": speeds["none"] / speeds["every_100"]})
         report("determinism", determinism_cost(steps, repeats))
+        report("sweeps", bench_sweeps.measure(1))
     # tbparse takes ~17 s for 100 runs of 100 steps (2 cores): one round in --quick
     report("summarize", summarize_vs_tbparse(100, 100 if args.quick else 1000,
                                              1 if args.quick else repeats))

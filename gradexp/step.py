@@ -27,7 +27,8 @@ class CompiledStep:
     of `names` per step (it stops after a step that diverged when the run stops there);
     `evaluate(val_batches)`: {name: value for name in `val_names`} over one pass of a dataset
     (loss/val, accuracy/val, and error_rate/val where the dataset has an error threshold);
-    `gradients(x, y)`: {"gradients/<variable path>": gradient}, for histograms."""
+    `gradients(x, y)`: {"gradients/<variable path>": gradient}, for histograms;
+    `step_body(x, y, scope)`: one step on the state a keras.StatelessScope holds."""
 
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
@@ -38,6 +39,7 @@ class CompiledStep:
     train_steps: Callable[[Any, tf.Tensor], tf.Tensor]
     evaluate: Callable[[tf.data.Dataset], dict[str, tf.Tensor]]
     gradients: Callable[[tf.Tensor, tf.Tensor], dict[str, tf.Tensor]]
+    step_body: Callable  # replica_step(x, y, scope=None), not compiled
 
 
 def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
@@ -58,7 +60,8 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
     layers = models.clip_layers(model)
     for layer in layers:
         layer.follow_loss_scale(loss_scale)
-    probes = [layer.gradient_stats.value for layer in layers]
+    stat_weights = [layer.gradient_stats for layer in layers]
+    probes = [w.value for w in stat_weights]
     layer_norms = telemetry.LayerNorms(params) if t.layer_norms else None
     with strategy.scope():
         spikes = (SpikeDetector(t.spike_z, t.spike_warmup, t.spike_alpha)
@@ -73,18 +76,26 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
     skip_non_finite = not stop_at_divergence and loss_scale is None  # the LSO skips by itself
     loss_weight = 1.0 if t.loss_reduction == "sum" else 1.0 / t.batch_size  # global batch
 
-    def gradients_of(x, y):
-        """Forward and backward on this replica's share of the batch."""
+    def gradients_of(x, y, sources=None):
+        """Forward and backward on this replica's share of the batch; the gradients are those
+        of `sources`, (params, probes) or a stateless scope's values of them."""
         with tf.GradientTape() as tape:
-            tape.watch(probes)
+            tape.watch(probes if sources is None else sources)  # trainable variables: watched
+            sources = sources or (params, probes)
             losses = per_example_loss(y, model(x, training=True))
             scaled_loss = optimizer.scale_loss(tf.reduce_sum(losses) * loss_weight)
-        grads, stats = tape.gradient(scaled_loss, (params, probes))
+        grads, stats = tape.gradient(scaled_loss, sources)
         return grads, stats, tf.reduce_sum(losses)
 
-    def replica_step(x, y):
-        """One step: gradients summed over replicas, parameter clipping on the sum, update."""
-        sums = tf.distribute.get_replica_context().all_reduce("SUM", gradients_of(x, y))
+    def replica_step(x, y, scope=None):
+        """One step: gradients summed over replicas, parameter clipping on the sum, update.
+        With `scope` (a keras.StatelessScope holding one run's state: gradexp/batched.py) the
+        step reads and writes that state instead of the variables."""
+        if scope is None:
+            sums = tf.distribute.get_replica_context().all_reduce("SUM", gradients_of(x, y))
+        else:  # one replica; the sources of the gradients are the scope's values
+            sums = gradients_of(x, y, tuple([scope.get_current_value(v) for v in vs]
+                                            for vs in (params, stat_weights)))
         grads, stats, loss_sum = sums
         scale = 1.0 if loss_scale is None else tf.cast(loss_scale, tf.float32)
         weights_before = layer_norms.before() if layer_norms else None
@@ -98,7 +109,12 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
             spikes.record(loss_sum / t.batch_size, c["norm_before"], skip)
         if skip_non_finite:  # keep going past a divergence, without its non-finite updates
             skip |= tf.logical_not(tf.math.is_finite(c["norm_before"]))
-        if spikes or skip_non_finite:
+        if scope is not None:  # a skipped step keeps the state it read: a select, not a cond
+            before = {id(v): scope.get_current_value(v) for v in (*params, *optimizer.variables)}
+            optimizers.apply_in_scope(optimizer, update, params, scope)
+            for v in (*params, *optimizer.variables):
+                scope.add_update((v, tf.where(skip, before[id(v)], scope.get_current_value(v))))
+        elif spikes or skip_non_finite:
             tf.cond(skip, lambda: tf.constant(False),
                     lambda: [optimizer.apply(update, params), tf.constant(True)][1])
         else:
@@ -118,6 +134,7 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
             metrics.update(layer_norms.measure(weights_before, grads, clipped))
         return metrics
 
+    step_body = replica_step  # uncompiled: gradexp/batched.py traces it under vectorized_map
     if replicas > 1:  # XLA cannot compile the cross-replica sum: compile the replica's part
         gradients_of = tf.function(gradients_of, jit_compile=t.jit_compile)
     else:
@@ -159,15 +176,17 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
         return {name: measured[name] for name in val_names}
 
     @tf.function
-    def gradients(x, y):  # for histograms only: the step itself stays lean
+    def gradients(x, y, scope=None):  # for histograms only: the step itself stays lean
+        sources = params if scope is None else [scope.get_current_value(v) for v in params]
         with tf.GradientTape() as tape:
+            tape.watch(sources if scope else [])
             loss = tf.reduce_sum(per_example_loss(y, model(x, training=True))) * loss_weight
-        grads = tape.gradient(loss, params)
+        grads = tape.gradient(loss, sources)
         return {f"gradients/{v.path}": g for v, g in zip(params, grads, strict=True)}
 
     state_variables = [*clipper.state_variables, *(spikes.variables if spikes else [])]
     return CompiledStep(model, optimizer, clipper, state_variables, tuple(names), val_names,
-                        train_steps, evaluate, gradients)
+                        train_steps, evaluate, gradients, step_body)
 
 
 def task_loss(num_classes: int | None):

@@ -118,8 +118,39 @@ def main() -> None:
 
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: bool = False) -> dict:
     """Train as `cfg` says, writing into `run_dir` (resume: from its latest checkpoint);
-    return the run's summary. A recipe: provenance, process, data, compiled step, state, loop,
-    summary."""
+    return the run's summary. A recipe: set the run up, loop, finish."""
+    run = start(cfg, run_dir, overrides, resume)
+    log.info("%s %s on %s (%d steps, %s) -> %s", f"resuming at step {run.step}:" if run.step
+             else "training", cfg.model.name, cfg.dataset.name, cfg.trainer.steps, run.where,
+             run_dir)
+    return finish(run, loop(run))
+
+
+@dataclass
+class Run:
+    """One run set up to train: its config and directory, the compiled step, its checkpoint
+    state, data and logs, and the step it starts from."""
+
+    cfg: DictConfig
+    run_dir: Path
+    overrides: list
+    started: float
+    where: str
+    strategy: object  # a tf.distribute strategy
+    compiled: object  # gradexp.step.CompiledStep
+    state: object  # gradexp.checkpoints.RunState
+    step: int
+    train_batches: object
+    val_batches: object
+    histogram_batches: object  # the training stream again, read without prefetching
+    runlog: object  # gradexp.logs.RunLog
+
+
+def start(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: bool = False,
+          arrays=None, free_memory: bool = True) -> Run:
+    """A run set up to train: provenance, process, data (`arrays` when already loaded),
+    compiled step, state restored when resuming, logs. `free_memory`: collect the garbage of
+    earlier runs in this process first (not between the runs of a batch)."""
     from gradexp import data, devices
     from gradexp.checkpoints import RunState
     from gradexp.logs import RunLog
@@ -131,29 +162,39 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
         "pid": os.getpid(), "config": OmegaConf.to_container(cfg)})
     # the code and package versions first: even a run that fails at once keeps them
     record = provenance.record(run_dir, resume=resume)
-    where = devices.prepare_process(cfg.device, cfg.precision, cfg.seed, cfg.deterministic)
+    where = devices.prepare_process(cfg.device, cfg.precision, cfg.seed, cfg.deterministic,
+                                    free_memory)
     strategy = devices.strategy(cfg.strategy)
     provenance.add_devices(run_dir, record, devices.describe(where, cfg.strategy, strategy))
-    arrays = data.load(cfg.dataset)
+    arrays = data.load(cfg.dataset) if arrays is None else arrays
     compiled = compile_step(cfg, arrays, strategy)
     state = RunState(run_dir, compiled.model, compiled.optimizer, compiled.state_variables)
     step = state.restore() if resume else 0
     train_batches, val_batches = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed,
                                                 start_step=step)
+    histogram_batches, _ = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed,
+                                          start_step=step, ahead=False)
     runlog = RunLog(run_dir, list(compiled.names), cfg, start_step=step,
                     val_names=compiled.val_names)
-    log.info("%s %s on %s (%d steps, %s) -> %s", f"resuming at step {step}:" if step else
-             "training", cfg.model.name, cfg.dataset.name, cfg.trainer.steps, where, run_dir)
-    result = loop(cfg.trainer, compiled, strategy, train_batches, val_batches, runlog, state,
-                  step)
-    state.save(result.step)
-    summary = run_summary(result, cfg, overrides, where, time.perf_counter() - started)
-    runlog.close(result.step, {"loss": summary["final_loss"], "val_loss": summary["val_loss"],
-                               "val_accuracy": summary["val_accuracy"]})
-    write_json(run_dir / rundir.SUMMARY, summary)
-    log.info(final_line(summary, run_dir))
+    return Run(cfg, run_dir, list(overrides), started, where, strategy, compiled, state, step,
+               train_batches, val_batches, histogram_batches, runlog)
+
+
+def finish(run: Run, result: LoopResult, logger: logging.Logger = log,
+           batch: dict | None = None) -> dict:
+    """Checkpoint the run where it ended, write its summary and final metrics; return it.
+    `batch`: {"runs": K, "index": k} for run k of a batch (gradexp/batched.py)."""
+    run.state.save(result.step)
+    summary = run_summary(result, run.cfg, run.overrides, run.where,
+                          time.perf_counter() - run.started)
+    if batch is not None:
+        summary["batch"] = batch
+    run.runlog.close(result.step, {"loss": summary["final_loss"], "val_loss": summary["val_loss"],
+                                   "val_accuracy": summary["val_accuracy"]})
+    write_json(run.run_dir / rundir.SUMMARY, summary)
+    logger.info(final_line(summary, run.run_dir))
     if result.stopped_by is not None:
-        log.info("resume with: python -m gradexp.train resume=%s", run_dir)
+        logger.info("resume with: python -m gradexp.train resume=%s", run.run_dir)
     return summary
 
 
@@ -173,61 +214,89 @@ class LoopResult:
     spike_skipped: int | None = None  # steps not applied (trainer.on_spike=skip); None: off
 
 
-def loop(t: DictConfig, compiled, strategy, train_batches, val_batches, runlog, state,
-         step: int) -> LoopResult:
-    """Train from `step` to `t.steps` in calls of up to `t.log_every` steps; after each call,
-    write the rows and, when due, evaluate, write histograms and checkpoint. Stops at a
-    divergence (on_divergence=stop) or at SIGINT/SIGTERM, after the call under way."""
+class Tracker:
+    """One run's account of its training, call by call: after each compiled call `record`
+    writes its rows and, when due, evaluates, writes histograms and checkpoints. The functions
+    it is given do the work on the run's state: `evaluate()` -> {name: value},
+    `gradients()` -> {name: tensor}, `save(step)`."""
+
+    def __init__(self, t: DictConfig, names, val_names, runlog, step: int, evaluate, gradients,
+                 save, logger: logging.Logger = log):
+        self.t, self.names, self.runlog, self.step = t, list(names), runlog, step
+        self.evaluate, self.gradients, self.save, self.log = evaluate, gradients, save, logger
+        self.losses = runlog.past_values("loss/train")
+        self.measures_errors = "error_rate/val" in val_names
+        self.skips = "spike_skipped" in self.names
+        self.spike_skipped = (int(np.nansum(runlog.past_values("spike_skipped")))
+                              if self.skips else None)
+        self.error_rates = runlog.past_values("error_rate/val") if self.measures_errors else None
+        self.val, self.diverged_step = None, None
+        # steps/s: from the end of the first call (which traces and compiles) to the end of the
+        # loop, so that it counts the logging, evaluation and checkpoints of those steps
+        self.timed_from, self.first_step = None, step
+
+    def going(self) -> bool:
+        """Whether the run has steps to do: not at its end, not stopped by a divergence."""
+        return self.step < self.t.steps and (self.diverged_step is None
+                                             or self.t.on_divergence == "continue")
+
+    def record(self, rows: np.ndarray, seconds: float) -> None:
+        t, names = self.t, self.names
+        if self.timed_from is None:
+            self.timed_from, self.first_step = time.perf_counter(), self.step + len(rows)
+        steps = self.step + 1 + np.arange(len(rows))
+        self.step += len(rows)
+        self.losses.extend(rows[:, names.index("loss/train")])
+        if self.skips:
+            self.spike_skipped += int(rows[:, names.index("spike_skipped")].sum())
+        if self.diverged_step is None:
+            self.diverged_step = first_diverged_step(steps, rows, names, self.losses[0],
+                                                     t.divergence_factor)
+        step, val = self.step, None
+        if step % t.eval_every == 0 or step == t.steps:
+            val = {k: float(v) for k, v in self.evaluate().items()}
+        self.val = val
+        if self.measures_errors:
+            self.error_rates.extend([np.nan] * len(rows))
+            self.error_rates[-1] = val["error_rate/val"] if val else np.nan
+        self.runlog.steps(steps, rows, val)
+        if t.histogram_every and step % t.histogram_every == 0:
+            self.runlog.histograms(step, self.gradients())
+        if t.checkpoint_every and step % t.checkpoint_every == 0:
+            self.save(step)
+        self.log.info(progress(step, t.steps, rows, names, val, len(rows) / seconds))
+
+    def result(self, stopped_by: int | None) -> LoopResult:
+        timed = ((self.step - self.first_step, time.perf_counter() - self.timed_from)
+                 if self.timed_from else (0, 0.0))
+        return LoopResult(self.step, self.losses, self.error_rates, self.val, self.diverged_step,
+                          stopped_by, timed, self.spike_skipped)
+
+
+def loop(run: Run) -> LoopResult:
+    """Train from `run.step` to `trainer.steps` in calls of up to `trainer.log_every` steps,
+    each followed by the Tracker's bookkeeping. Stops at a divergence (on_divergence=stop) or
+    at SIGINT/SIGTERM, after the call under way."""
     from gradexp._tf import tf
     from gradexp.checkpoints import stop_requests
 
-    names = list(compiled.names)
-    iterator = iter(strategy.experimental_distribute_dataset(train_batches))
-    histogram_batches = iter(train_batches)  # its own stream: the training order stays as is
-    compiled.evaluate.get_concrete_function(val_batches)  # trace now: steps/s = steady state
+    t, compiled, strategy = run.cfg.trainer, run.compiled, run.strategy
+    iterator = iter(strategy.experimental_distribute_dataset(run.train_batches))
+    histogram_batches = iter(run.histogram_batches)
+    compiled.evaluate.get_concrete_function(run.val_batches)  # trace now: steps/s = steady
     if t.histogram_every:
-        compiled.gradients(*next(iter(train_batches)))  # the first call also optimizes the graph
-    losses = runlog.past_values("loss/train")
-    measures_errors = "error_rate/val" in compiled.val_names
-    skips = "spike_skipped" in names
-    spike_skipped = int(np.nansum(runlog.past_values("spike_skipped"))) if skips else None
-    error_rates = runlog.past_values("error_rate/val") if measures_errors else None
-    val, diverged_step = None, None
-    # steps/s: from the end of the first call (which traces and compiles) to the end of the
-    # loop, so that it counts the logging, evaluation and checkpoints of those steps
-    timed_from, first_step = None, step
+        compiled.gradients(*next(iter(run.train_batches)))  # the first call also optimizes
+    tracker = Tracker(t, compiled.names, compiled.val_names, run.runlog, run.step,
+                      evaluate=lambda: compiled.evaluate(run.val_batches),
+                      gradients=lambda: compiled.gradients(*next(histogram_batches)),
+                      save=run.state.save)
     with stop_requests() as stop:
-        while step < t.steps and stop.signal is None and (
-                diverged_step is None or t.on_divergence == "continue"):
-            n = steps_to_next_event(step, t)
+        while tracker.going() and stop.signal is None:
+            n = steps_to_next_event(tracker.step, t)
             tick = time.perf_counter()
             rows = compiled.train_steps(iterator, tf.constant(n)).numpy()
-            seconds = time.perf_counter() - tick
-            if timed_from is None:
-                timed_from, first_step = time.perf_counter(), step + len(rows)
-            steps = step + 1 + np.arange(len(rows))
-            step += len(rows)
-            losses.extend(rows[:, names.index("loss/train")])
-            if skips:
-                spike_skipped += int(rows[:, names.index("spike_skipped")].sum())
-            if diverged_step is None:
-                diverged_step = first_diverged_step(steps, rows, names, losses[0],
-                                                    t.divergence_factor)
-            val = None
-            if step % t.eval_every == 0 or step == t.steps:
-                val = {k: float(v) for k, v in compiled.evaluate(val_batches).items()}
-            if measures_errors:
-                error_rates.extend([np.nan] * len(rows))
-                error_rates[-1] = val["error_rate/val"] if val else np.nan
-            runlog.steps(steps, rows, val)
-            if t.histogram_every and step % t.histogram_every == 0:
-                runlog.histograms(step, compiled.gradients(*next(histogram_batches)))
-            if t.checkpoint_every and step % t.checkpoint_every == 0:
-                state.save(step)
-            log.info(progress(step, t.steps, rows, names, val, len(rows) / seconds))
-    timed = (step - first_step, time.perf_counter() - timed_from) if timed_from else (0, 0.0)
-    return LoopResult(step, losses, error_rates, val, diverged_step, stop.signal, timed,
-                      spike_skipped)
+            tracker.record(rows, time.perf_counter() - tick)
+    return tracker.result(stop.signal)
 
 
 def run_summary(r: LoopResult, cfg: DictConfig, overrides, where: str, wall: float) -> dict:

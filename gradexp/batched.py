@@ -1,0 +1,245 @@
+"""K runs of one structure trained in one compiled program: a sweep's runs that differ only in
+their seed and clip bounds, one dispatch per step for all of them.
+
+Each run is set up as it would be alone (gradexp/train.py `start`: its directory, provenance,
+seed, model and optimizer built with that seed's initial weights, logs). Their variables are
+then stacked along a new first axis,
+
+    S_i = stack_k(v_i of run k)         for every variable i of model and optimizer,
+
+and one step — the first run's `step_body` (gradexp/step.py), traced once — runs for each k
+in turn inside one XLA-compiled function (tf.map_fn: a loop in the compiled program, not K
+dispatches), reading and writing run k's state through a keras.StatelessScope:
+S[k] ← step(S[k], x_k, y_k), with x_k, y_k run k's own batch. A run that has stopped (it
+diverged) keeps its state: S[k] ← where(active_k, new, old). Evaluation and histograms run the
+first run's functions on run k's slice; a checkpoint copies S[k] back into run k's own
+variables and saves them as its own run would.
+
+Each run computes with the shapes and operations of its separate run, so its numbers are the
+separate run's bit for bit (tests/test_batched.py compares metrics.csv byte for byte). Mapping
+with tf.vectorized_map instead (one batched matrix multiply for the K runs) was measured and
+rejected: it changes the order of floating-point operations, and the default config amplifies
+one float32 rounding at step 5 into final losses 25-250% apart by step 1000.
+
+Runs that cannot share a step this way train one after another in this process instead
+(`why_separate`): parameter clipping with state (autoclip, zclip, adagc), trainer.on_spike=skip,
+mixed precision, a distribution strategy, and deterministic=true (its promise is the separate
+run's program, so it gets that program).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from gradexp import train as training
+from gradexp._tf import keras, tf
+from gradexp.measures import diverged
+
+log = logging.getLogger("gradexp")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a batch: its config, directory, overrides and log file name."""
+
+    cfg: DictConfig
+    run_dir: Path
+    overrides: list
+    log_name: str = "train.log"
+
+
+def why_separate(cfg: DictConfig) -> str | None:
+    """Why runs of `cfg` cannot be batched (None: they can), from the config alone."""
+    if cfg.deterministic:
+        return "deterministic=true: each run is its own program, bit for bit"
+    if cfg.strategy != "none":
+        return f"strategy={cfg.strategy}"
+    if cfg.precision != "float32":
+        return f"precision={cfg.precision}"
+    if cfg.trainer.on_spike != "none":
+        return f"trainer.on_spike={cfg.trainer.on_spike}"
+    return None
+
+
+def group_key(cfg: DictConfig) -> str:
+    """Runs with equal keys share one compiled step: their configs differ only in the seed and
+    the clip layers' bounds (state of the layers, not program: gradexp/layers.py)."""
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    for data in ("seed", "clip"):
+        plain.pop(data, None)
+    plain["layer"] = {k: v for k, v in plain["layer"].items() if k not in ("clip_min", "clip_max")}
+    return repr(sorted(plain.items(), key=lambda kv: kv[0]))
+
+
+def run_logger(job: Job) -> logging.Logger:
+    """A logger writing to the run's own log file only (the console gets the batch's lines)."""
+    logger = logging.getLogger(f"gradexp.batch.{job.run_dir}")
+    logger.handlers.clear()
+    handler = logging.FileHandler(job.run_dir / job.log_name)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return logger
+
+
+class Batch:
+    """The stacked state of K runs of one structure and the compiled functions on it:
+    `train_steps(iterator, n, active)` -> (rows [steps, K, names], steps done per run),
+    `evaluate(k)`, `gradients(k, x, y)` and `sync(k)` (S[k] into run k's variables)."""
+
+    def __init__(self, runs: list[training.Run]):
+        template = runs[0].compiled
+        self.runs, self.template, self.names = runs, template, list(template.names)
+        self.variables = [run_variables(run.compiled) for run in runs]
+        self.stacked = [tf.Variable(tf.stack([vs[i].value for vs in self.variables]),
+                                    trainable=False, name=f"stacked_{i}")
+                        for i in range(len(self.variables[0]))]
+        self.template_variables = self.variables[0]
+        t = runs[0].cfg.trainer
+        self.stop_at_divergence = t.on_divergence == "stop"
+        self.step_all = tf.function(self._step_all, jit_compile=t.jit_compile)
+        self.train_steps = tf.function(self._train_steps)
+        self.evaluate = tf.function(self._evaluate)
+        self.gradients = tf.function(self._gradients)
+
+    def _scope(self, values):
+        return keras.StatelessScope(list(zip(self.template_variables, values, strict=True)))
+
+    def _step_all(self, x, y, active):
+        """One step of every run: S[k] ← step(S[k], x_k, y_k) where run k is active."""
+        def one(args):
+            values, x, y, active = args
+            with self._scope(values) as scope:
+                m = self.template.step_body(x, y, scope)
+                new = [scope.get_current_value(v) for v in self.template_variables]
+            kept = [tf.where(active, n, old) for n, old in zip(new, values, strict=True)]
+            return kept, tf.stack([m[k] for k in self.names])
+
+        values = [v.read_value() for v in self.stacked]
+        shapes = ([tf.TensorSpec(v.shape[1:], v.dtype) for v in self.stacked],
+                  tf.TensorSpec([len(self.names)], tf.float32))
+        new, rows = tf.map_fn(one, (values, x, y, active), fn_output_signature=shapes,
+                              parallel_iterations=1)
+        for v, n in zip(self.stacked, new, strict=True):
+            v.assign(n)
+        return rows
+
+    def _train_steps(self, iterator, n, active):
+        """Up to n steps of the active runs; a run stops after a step that diverged, the call
+        when none is left."""
+        loss, norm = self.names.index("loss/train"), self.names.index("grad_norm/global")
+        rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+        done = tf.zeros_like(active, tf.int32)
+        for i in tf.range(n):
+            if not tf.reduce_any(active):
+                break
+            x, y = next(iterator)
+            r = self.step_all(x, y, active)
+            rows = rows.write(i, r)
+            done = tf.where(active, i + 1, done)
+            if self.stop_at_divergence:
+                active = active & ~diverged(r[:, loss], r[:, norm], 0.0,
+                                            isfinite=tf.math.is_finite)
+        return rows.stack(), done
+
+    def _evaluate(self, k, val_batches):
+        with self._scope([tf.gather(v, k) for v in self.stacked]):
+            return self.template.evaluate.python_function(val_batches)
+
+    def _gradients(self, k, x, y):
+        with self._scope([tf.gather(v, k) for v in self.stacked]) as scope:
+            return self.template.gradients.python_function(x, y, scope)
+
+    def sync(self, k: int) -> None:
+        """Copy run k's slice of the stacked state into its own variables (to checkpoint)."""
+        for own, stacked in zip(self.variables[k], self.stacked, strict=True):
+            own.assign(stacked[k])
+
+
+def run_variables(compiled) -> list:
+    """A run's state in a fixed order: the model's variables, then the optimizer's."""
+    return [*compiled.model.variables, *compiled.optimizer.variables]
+
+
+def train(jobs: list[Job]) -> list[dict]:
+    """Train `jobs` (runs of one structure, see `group_key`) and return their summaries: as
+    one batch when they can share a step, else one after another."""
+    from gradexp import data
+
+    reason = why_separate(jobs[0].cfg) if len(jobs) > 1 else "one run"
+    if reason is not None:
+        if len(jobs) > 1:
+            log.info("%d runs train one after another: %s", len(jobs), reason)
+        return [training.train(job.cfg, job.run_dir, job.overrides) for job in jobs]
+    arrays = data.load(jobs[0].cfg.dataset)
+    runs = [training.start(job.cfg, job.run_dir, job.overrides, arrays=arrays,
+                           free_memory=k == 0) for k, job in enumerate(jobs)]
+    state_kept = runs[0].compiled.state_variables
+    if state_kept:  # a clipping method with state: autoclip, zclip, adagc
+        log.info("%d runs train one after another: clipping=%s keeps state", len(jobs),
+                 jobs[0].cfg.clipping.name)
+        return [training.finish(run, training.loop(run)) for run in runs]
+    loggers = [run_logger(job) for job in jobs]
+    results = loop(runs, loggers)
+    summaries = [training.finish(run, result, logger, batch={"runs": len(runs), "index": k})
+                 for k, (run, result, logger) in enumerate(zip(runs, results, loggers,
+                                                               strict=True))]
+    for run, summary in zip(runs, summaries, strict=True):
+        log.info(training.final_line(summary, run.run_dir))
+    return summaries
+
+
+def loop(runs: list[training.Run], loggers: list[logging.Logger]) -> list[training.LoopResult]:
+    """train.loop for K runs at once: one compiled call advances every run still going, then
+    each run's Tracker does its bookkeeping on its own rows."""
+    from gradexp.checkpoints import stop_requests
+
+    batch = Batch(runs)
+    t, K = runs[0].cfg.trainer, len(runs)
+    iterator = iter(tf.data.Dataset.zip(tuple(run.train_batches for run in runs))
+                    .map(lambda *pairs: tuple(tf.stack(part) for part in zip(*pairs, strict=True))))
+    histogram_batches = [iter(run.histogram_batches) for run in runs]
+
+    def save(k):
+        def checkpoint(step):
+            batch.sync(k)
+            runs[k].state.save(step)
+        return checkpoint
+
+    trackers = [training.Tracker(
+        t, batch.names, run.compiled.val_names, run.runlog, run.step,
+        evaluate=lambda k=k: batch.evaluate(tf.constant(k), runs[k].val_batches),
+        gradients=lambda k=k: batch.gradients(tf.constant(k), *next(histogram_batches[k])),
+        save=save(k), logger=loggers[k]) for k, run in enumerate(runs)]
+    for run, logger in zip(runs, loggers, strict=True):
+        logger.info("training %s on %s (%d steps, %s, one of a batch of %d) -> %s",
+                    run.cfg.model.name, run.cfg.dataset.name, t.steps, run.where, K, run.run_dir)
+    log.info("training %d runs as one batch: %s on %s (%d steps, %s) -> %s ...", K,
+             runs[0].cfg.model.name, runs[0].cfg.dataset.name, t.steps, runs[0].where,
+             runs[0].run_dir)
+    with stop_requests() as stop:
+        while stop.signal is None and any(tr.going() for tr in trackers):
+            going = [tr.going() for tr in trackers]
+            step = max(tr.step for tr, g in zip(trackers, going, strict=True) if g)
+            n = training.steps_to_next_event(step, t)
+            tick = time.perf_counter()
+            rows, done = batch.train_steps(iterator, tf.constant(n), tf.constant(going))
+            rows, done, seconds = rows.numpy(), done.numpy(), time.perf_counter() - tick
+            for k, tracker in enumerate(trackers):
+                if going[k]:
+                    tracker.record(rows[:done[k], k], seconds)
+            log.info("%s  %d of %d runs going  %.0f steps/s per run", training.progress(
+                step + len(rows), t.steps, rows[:, going].reshape(-1, len(batch.names)),
+                batch.names, None, len(rows) / seconds).rsplit("  ", 1)[0],
+                sum(tr.going() for tr in trackers), K, len(rows) / seconds)
+    for k in range(K):
+        batch.sync(k)
+    return [tracker.result(stop.signal) for tracker in trackers]

@@ -1,0 +1,130 @@
+"""A sweep's runs trained as one batch (gradexp/batched.py, `hydra/launcher=gradexp`) are their
+separate runs, number for number: each test compares the batch's run directories with runs
+made alone, byte for byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_sweeps import SWEEP, assert_four_completed_runs, runs, sweep
+
+from gradexp import batched
+from gradexp import train as training
+
+# the launcher and the step as shipped (XLA on), short and narrow
+XLA = ["trainer.jit_compile=true"]
+
+
+def same_files(a: Path, b: Path, names=("metrics.csv",)) -> None:
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), f"{a / name} != {b / name}"
+
+
+def test_a_batched_sweep_writes_the_basic_launchers_runs_byte_for_byte(tmp_path):
+    basic_dir, basic = sweep(tmp_path / "basic", *SWEEP, *XLA)
+    batch_dir, result = sweep(tmp_path / "batched", "hydra/launcher=gradexp", *SWEEP, *XLA)
+    assert_four_completed_runs(batch_dir, result)
+    assert basic.returncode == 0, basic.stderr
+    assert "training 4 runs as one batch" in result.stdout  # clip=null and 0.1: bounds are data
+    for run in ("0", "1", "2", "3"):
+        same_files(basic_dir / run, batch_dir / run)
+        alone, batch = runs(basic_dir)[run], runs(batch_dir)[run]
+        assert batch["final_loss"] == alone["final_loss"] and batch["steps"] == 20
+        assert batch["val_accuracy"] == alone["val_accuracy"]
+        log_lines = (batch_dir / run / "train.log").read_text().splitlines()
+        assert sum("step 10/20" in line for line in log_lines) == 1  # its own lines only
+        same_checkpoints(basic_dir / run, batch_dir / run)
+
+
+def train_alone_and_batched(make_cfg, tmp_path, overrides, seeds):
+    cfgs = [make_cfg(*overrides, f"seed={s}") for s in seeds]
+    jobs = []
+    for s, cfg in zip(seeds, cfgs, strict=True):
+        for kind in ("alone", "batch"):
+            (tmp_path / kind / str(s)).mkdir(parents=True)
+        jobs.append(batched.Job(cfg, tmp_path / "batch" / str(s), [f"seed={s}"]))
+    together = batched.train(jobs)
+    alone = [training.train(cfg, tmp_path / "alone" / str(s), [f"seed={s}"])
+             for s, cfg in zip(seeds, cfgs, strict=True)]
+    return alone, together
+
+
+# lr 0.02 makes the loss of seeds 0 and 3 rise past 1.4 × its first value (at different steps),
+# while seeds 1 and 2 stay below: a batch whose runs stop one by one
+DIVERGING = ["optimizer.learning_rate=0.02", "trainer.divergence_factor=1.4",
+             "trainer.steps=60", "trainer.log_every=10", "trainer.eval_every=30",
+             "trainer.histogram_every=30", "trainer.checkpoint_every=30", "model.width=16",
+             "trainer.jit_compile=false"]
+
+
+def test_runs_of_a_batch_stop_at_their_own_divergence(make_cfg, tmp_path):
+    alone, together = train_alone_and_batched(make_cfg, tmp_path, DIVERGING, [0, 1, 2, 3])
+    assert [s["status"] for s in together] == ["diverged", "completed", "completed", "diverged"]
+    assert together[0]["diverged_step"] != together[3]["diverged_step"]
+    for s, a, b in zip(range(4), alone, together, strict=True):
+        same_files(tmp_path / "alone" / str(s), tmp_path / "batch" / str(s))
+        for key in ("status", "diverged_step", "steps", "final_loss", "val_loss"):
+            assert a[key] == b[key], key
+        same_checkpoints(tmp_path / "alone" / str(s), tmp_path / "batch" / str(s))
+
+
+def same_checkpoints(a: Path, b: Path) -> None:
+    """The latest checkpoints of two runs hold the same step and the same values: a run that
+    stopped early in a batch keeps its own last state, not the batch's."""
+    from gradexp._tf import tf
+
+    (a_ckpt,), (b_ckpt,) = (sorted((d / "checkpoints").glob("step-*.index")) for d in (a, b))
+    assert a_ckpt.name == b_ckpt.name
+    readers = [tf.train.load_checkpoint(str(p.with_suffix(""))) for p in (a_ckpt, b_ckpt)]
+    shapes = readers[0].get_variable_to_shape_map()
+    assert shapes == readers[1].get_variable_to_shape_map()
+    assert {name.split("/")[0] for name in shapes} >= {"model", "optimizer"}
+    for name in shapes.keys() - {"_CHECKPOINTABLE_OBJECT_GRAPH"}:
+        np.testing.assert_array_equal(readers[0].get_tensor(name), readers[1].get_tensor(name),
+                                      err_msg=name)
+
+
+def test_runs_that_cannot_share_a_step_train_one_after_another(make_cfg, tmp_path, caplog):
+    quick = ["trainer.steps=20", "trainer.log_every=10", "trainer.eval_every=20",
+             "trainer.histogram_every=0", "model.width=8", "trainer.jit_compile=false"]
+    caplog.set_level("INFO", logger="gradexp")
+    alone, together = train_alone_and_batched(make_cfg, tmp_path, [*quick, "clipping=zclip"],
+                                              [0, 1])
+    assert "clipping=zclip keeps state" in caplog.text
+    assert "as one batch" not in caplog.text
+    for s in (0, 1):
+        same_files(tmp_path / "alone" / str(s), tmp_path / "batch" / str(s))
+
+
+@pytest.mark.parametrize("optimizer", [
+    ["optimizer=sgd", "optimizer.momentum=0"], ["optimizer=sgd"],
+    ["optimizer=sgd", "optimizer.nesterov=true"], ["optimizer=adam"]])
+def test_the_stateless_update_is_kerass_update(make_cfg, optimizer):
+    """gradexp.optimizers.apply_in_scope restates Keras's SGD and Adam: three steps of each on
+    the same gradients give Keras's variables bit for bit."""
+    from gradexp import optimizers
+    from gradexp._tf import keras, tf
+
+    cfg = make_cfg(*optimizer, "optimizer.learning_rate=0.1")
+    rng = np.random.default_rng(0)
+    start = [rng.normal(size=(3, 2)).astype("float32"), rng.normal(size=2).astype("float32")]
+    grads = [[tf.constant(rng.normal(size=v.shape).astype("float32")) for v in start]
+             for _ in range(3)]
+    params = [keras.Variable(v) for v in start]
+    keras_opt = optimizers.make_optimizer(cfg.optimizer, "float32")
+    keras_opt.build(params)
+    ours = optimizers.make_optimizer(cfg.optimizer, "float32")
+    ours_params = [keras.Variable(v) for v in start]
+    ours.build(ours_params)
+    state = [v.value for v in (*ours_params, *ours.variables)]
+    for g in grads:
+        keras_opt.apply(g, params)
+        mapping = list(zip((*ours_params, *ours.variables), state, strict=True))
+        with keras.StatelessScope(mapping) as scope:
+            optimizers.apply_in_scope(ours, g, ours_params, scope)
+            state = [scope.get_current_value(v) for v in (*ours_params, *ours.variables)]
+    for theirs, mine in zip((*params, *keras_opt.variables), state, strict=True):
+        np.testing.assert_array_equal(np.asarray(theirs.value), np.asarray(mine))
+    assert int(state[len(params)]) == 3  # iterations
