@@ -11,7 +11,7 @@ and one step — the first run's `step_body` (gradexp/step.py), traced once — 
 in turn inside one XLA-compiled function (tf.map_fn: a loop in the compiled program, not K
 dispatches), reading and writing run k's state through a keras.StatelessScope:
 S[k] ← step(S[k], x_k, y_k), with x_k, y_k run k's own batch. A run that has stopped (it
-diverged) keeps its state: S[k] ← where(active_k, new, old). Evaluation and histograms run the
+diverged) is no longer computed and keeps its state. Evaluation and histograms run the
 first run's functions on run k's slice; a checkpoint copies S[k] back into run k's own
 variables and saves them as its own run would.
 
@@ -114,14 +114,17 @@ class Batch:
         return keras.StatelessScope(list(zip(self.template_variables, values, strict=True)))
 
     def _step_all(self, x, y, active):
-        """One step of every run: S[k] ← step(S[k], x_k, y_k) where run k is active."""
-        def one(args):
-            values, x, y, active = args
+        """One step of every active run: S[k] ← step(S[k], x_k, y_k)."""
+        def step(values, x, y):
             with self._scope(values) as scope:
                 m = self.template.step_body(x, y, scope)
                 new = [scope.get_current_value(v) for v in self.template_variables]
-            kept = [tf.where(active, n, old) for n, old in zip(new, values, strict=True)]
-            return kept, tf.stack([m[k] for k in self.names])
+            return new, tf.stack([m[k] for k in self.names])
+
+        def one(args):  # a stopped run is not computed: its state and a row of NaN
+            values, x, y, active = args
+            return tf.cond(active, lambda: step(values, x, y),
+                           lambda: (values, tf.fill([len(self.names)], float("nan"))))
 
         values = [v.read_value() for v in self.stacked]
         shapes = ([tf.TensorSpec(v.shape[1:], v.dtype) for v in self.stacked],
@@ -189,7 +192,8 @@ def train(jobs: list[Job]) -> list[dict]:
         return [training.finish(run, training.loop(run)) for run in runs]
     loggers = [run_logger(job) for job in jobs]
     results = loop(runs, loggers)
-    summaries = [training.finish(run, result, logger, batch={"runs": len(runs), "index": k})
+    batch = {"runs": len(runs), "first": str(runs[0].run_dir)}
+    summaries = [training.finish(run, result, logger, batch={**batch, "index": k})
                  for k, (run, result, logger) in enumerate(zip(runs, results, loggers,
                                                                strict=True))]
     for run, summary in zip(runs, summaries, strict=True):

@@ -9,8 +9,8 @@ with gradexp's own (`hydra/launcher=gradexp`, gradexp/batched.py), taking turns:
                          (10 runs of the default MLP, 1000 steps) with the basic launcher ÷
                          with hydra/launcher=gradexp, from launch to exit
     sweep_step_fraction  the share of the gradexp sweep's wall time spent in training steps:
-                         Σ steps ÷ steps/s over its batches (a batch counted once) and the runs
-                         trained alone, each at its own steady rate (logging and evaluation
+                         Σ steps ÷ steps/s over the runs trained alone and, once per batch, its
+                         longest run, each at its own steady rate (logging and evaluation
                          included; the first call, which traces and compiles, is start-up)
     sweep_speedup_rnn    sweep_speedup on the exploding-RNN preset (+experiment=exploding_rnn,
     sweep_step_fraction_rnn   clip layer in the recurrence, 4000 steps; its clip=null runs
@@ -42,9 +42,12 @@ def timed_sweep(args: list[str]) -> tuple[float, float]:
         if result.returncode != 0:
             raise RuntimeError(f"sweep {' '.join(args)} failed:\n{result.stderr[-2000:]}")
         summaries = [json.loads(p.read_text()) for p in Path(root).glob("sweep/*/summary.json")]
-    stepping = sum(s["steps"] / s["steps_per_s"] for s in summaries
-                   if s.get("steps_per_s") and s.get("batch", {}).get("index", 0) == 0)
-    return wall, stepping
+    per_batch: dict[str, float] = {}  # a batch's steps take as long as its longest run's
+    for s in summaries:
+        if s.get("steps_per_s"):
+            key = s.get("batch", {}).get("first", id(s))
+            per_batch[key] = max(per_batch.get(key, 0.0), s["steps"] / s["steps_per_s"])
+    return wall, sum(per_batch.values())
 
 
 def sweep_speed(overrides: list[str], repeats: int, suffix: str = "") -> dict[str, float]:
