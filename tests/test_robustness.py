@@ -46,6 +46,42 @@ def test_a_diverging_run_stops_at_its_step_and_is_a_result(make_cfg, tmp_path):
     assert run_metrics(table)["final_loss"] == expected
 
 
+# gradient reversal (grad_scale=-1) with a large step: the loss climbs ~1.5x a step after
+# step ~10, over several compiled calls of 5 steps (it passes 10x its first value near step 19)
+RISING = [*QUICK, "layer.grad_scale=-1", "optimizer.learning_rate=0.01", "trainer.steps=60",
+          "trainer.log_every=5", "trainer.divergence_factor=10"]
+
+
+def first_above(losses, threshold, start=0) -> int | None:
+    """The step (1-based) of the first loss at or after index `start` above `threshold`."""
+    above = np.flatnonzero(np.asarray(losses[start:]) > threshold)
+    return int(above[0]) + start + 1 if len(above) else None
+
+
+def test_divergence_is_measured_against_the_runs_first_loss(make_cfg, tmp_path):
+    """A loss above divergence_factor x the loss of step 1, not of the first step of the
+    compiled call it is in (here calls of 5 steps: the loss at a call's start has grown)."""
+    summary = train(make_cfg(*RISING), tmp_path)
+    losses = read_metrics(tmp_path / "metrics.csv")["loss/train"].to_numpy()
+    expected = first_above(losses, 10 * losses[0])
+    assert summary["status"] == "diverged" and summary["diverged_step"] == expected
+    call_start = (expected - 1) // 5 * 5  # index of the first step of its call
+    assert call_start > 0 and first_above(losses, 10 * losses[call_start], call_start) != expected
+
+
+def test_after_a_resume_divergence_is_measured_against_step_1s_loss(make_cfg, tmp_path):
+    """A run resumed at step 15 judges a divergence against its step-1 loss (read back from
+    its table), not against the first loss of the resumed part."""
+    first = train(make_cfg(*RISING, "trainer.steps=15"), tmp_path)
+    assert first["status"] == "completed" and first["steps"] == 15
+    summary = train(make_cfg(*RISING), tmp_path, resume=True)
+    losses = read_metrics(tmp_path / "metrics.csv")["loss/train"].to_numpy()
+    expected = first_above(losses, 10 * losses[0])
+    assert summary["status"] == "diverged" and summary["diverged_step"] == expected
+    assert expected > 15  # in the resumed part, where the other reference answers otherwise
+    assert first_above(losses, 10 * losses[15], 15) != expected
+
+
 def test_on_divergence_continue_skips_non_finite_updates(make_cfg, tmp_path):
     cfg = make_cfg(*QUICK, "trainer.steps=60", "optimizer.learning_rate=5",
                    "trainer.on_divergence=continue")
