@@ -48,6 +48,24 @@ def make_cfg():
     GlobalHydra.instance().clear()
 
 
+def events(run_dir):
+    """A run directory's event files, every point kept, read by TensorBoard's own loader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0, "histograms": 0})
+    acc.Reload()
+    return acc
+
+
+def event_scalars(acc, tag):
+    """A scalar tag's values, in step order, as float32 (TF2 writes scalars as tensors)."""
+    import numpy as np
+
+    return np.array([np.frombuffer(e.tensor_proto.tensor_content, np.float32)[0]
+                     if e.tensor_proto.tensor_content else e.tensor_proto.float_val[0]
+                     for e in acc.Tensors(tag)], np.float32)
+
+
 def gradexp(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `python -m <args>` as a user would, in `cwd`."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}

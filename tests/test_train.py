@@ -8,10 +8,10 @@ import subprocess
 import numpy as np
 import pandas as pd
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from conftest import QUICK, REPO, gradexp
+from conftest import QUICK, REPO, events, gradexp
+from conftest import event_scalars as scalar
 from gradexp.analysis.metrics import run_metrics
 from gradexp.analysis.runs import read_metrics
 from gradexp.train import train
@@ -20,18 +20,6 @@ LAYERS = ["dense_1", "dense_2", "dense_3"]
 TAGS = ["loss/train", "loss/val", "accuracy/val", "grad_norm/global", "learning_rate",
         *[f"grad_norm/{p}/{w}" for p in LAYERS for w in ("pre", "post")],
         *[f"clip_fraction/{p}" for p in LAYERS]]
-
-
-def events(run_dir):
-    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0, "histograms": 0})
-    acc.Reload()
-    return acc
-
-
-def scalar(acc, tag):
-    return np.array([float(np.frombuffer(e.tensor_proto.tensor_content, np.float32)[0])
-                     if e.tensor_proto.tensor_content else e.tensor_proto.float_val[0]
-                     for e in acc.Tensors(tag)])
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +95,9 @@ def test_tensorboard_reads_every_tag_and_pre_post_differ_when_clipped(clipped_ru
 
 
 def test_metrics_table_matches_the_event_files(clipped_run):
+    """The two writers agree: every tag is its column, at the same steps, with the same value.
+    Both are written from one array, so this checks the writing (tags, columns, steps), not
+    the numbers: tests/test_by_hand.py checks those against values computed without gradexp."""
     run_dir, _ = clipped_run
     table = pd.read_csv(run_dir / "metrics.csv")
     acc = events(run_dir)
