@@ -79,6 +79,23 @@ def test_model_trains_with_a_clip_at_every_position_or_is_refused(make_cfg, tmp_
     assert_trained(summary, table, dataset, positions)
 
 
+@pytest.mark.parametrize(("cell", "gates"), [("simple", 1), ("gru", 3)])
+def test_the_simple_and_gru_cells_train(make_cfg, tmp_path, cell, gates):
+    """model.cell=simple and gru in a real run (the grid above trains LSTMs), clipped at every
+    position; the weights the run trained (its checkpoint) are that cell's: kernels of
+    gates × units columns (an LSTM's would have 4 × units)."""
+    summary, table = short_run(make_cfg, tmp_path, "rnn", "adding", f"model.cell={cell}",
+                               "layer.positions=all")
+    positions = config.positions(make_cfg("model=rnn", *TINY_MODELS["rnn"]))
+    assert_trained(summary, table, "adding", positions)
+    assert (table[[f"clip_fraction/{p}" for p in positions]].to_numpy() > 0).any()
+    shapes = {tuple(shape) for name, shape in tf.train.list_variables(str(tmp_path / "checkpoints"))
+              if name.startswith("optimizer/_trainable_variables/") and len(shape) == 2}
+    units, features = 8, 2
+    assert {(features, gates * units), (units, gates * units)} <= shapes, shapes
+    assert not {(units, k * units) for k in {1, 3, 4} - {gates}} & shapes, shapes
+
+
 ONE_POSITION = {"mlp": ("teacher", "dense_2"), "cnn": ("digits", "conv_2"),
                 "rnn": ("adding", "rnn_2_state"), "transformer": ("adding", "attn_1")}
 
