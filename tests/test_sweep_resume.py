@@ -232,3 +232,103 @@ def test_resume_refuses_bad_input_in_one_line(tmp_path):
         assert result.returncode == 2 and len(lines) == 1, result.stderr
         assert lines[0].startswith(f"error: {message}"), lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["neither", "run"]
+
+
+def test_every_resume_refusal_is_one_line_and_exit_2(tmp_path):
+    """The refusals the README lists, each as the user meets it (one line on stderr, exit 2,
+    nothing started): resume= of a finished run, of a run without a checkpoint, of a run whose
+    process is alive here; a job started in a directory holding another config's run or a live
+    run; resume= of a sweep another sweeper made, of one whose runs are not in <sweep>/<job
+    number>/, of one with a run still going, of one whose run directory another job made."""
+    import socket
+
+    from omegaconf import OmegaConf
+
+    alive = {"host": socket.gethostname(), "pid": os.getpid()}  # this (python) process
+
+    def run_dir(name, summary, checkpoint=True):
+        run = tmp_path / name
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text("- clip=0.1\n")
+        (run / "summary.json").write_text(json.dumps(summary))
+        if checkpoint:
+            (run / "checkpoints").mkdir()
+            (run / "checkpoints" / "checkpoint").write_text("")
+        return run
+
+    def sweep_dir(name, sweeper="basic", subdir="${hydra.job.num}"):
+        """multirun.yaml as Hydra writes it, the parts a resume reads: a sweep of seed=0,1."""
+        sweep = tmp_path / name
+        sweep.mkdir()
+        OmegaConf.save(OmegaConf.create({"hydra": {
+            "runtime": {"choices": {"hydra/sweeper": sweeper}},
+            "sweep": {"dir": str(sweep), "subdir": subdir}, "sweeper": {"params": None},
+            "overrides": {"hydra": [], "task": ["seed=0,1", "clip=0.1"]}}}),
+            sweep / "multirun.yaml")
+        return sweep
+
+    completed = run_dir("completed", {"status": "completed"})
+    no_checkpoint = run_dir("no_checkpoint", {"status": "interrupted"}, checkpoint=False)
+    going = run_dir("going", {"status": "running", **alive})
+    optuna = sweep_dir("optuna", sweeper="optuna")
+    renamed = sweep_dir("renamed", subdir="${hydra.job.override_dirname}")
+    busy_sweep = sweep_dir("busy_sweep")
+    (busy_sweep / "0").mkdir()
+    (busy_sweep / "0" / "summary.json").write_text(json.dumps({"status": "running", **alive}))
+    foreign = sweep_dir("foreign")
+    (foreign / "1" / ".hydra").mkdir(parents=True)
+    (foreign / "1" / ".hydra" / "overrides.yaml").write_text("- seed=7\n- clip=0.1\n")
+    pid = os.getpid()
+    cases = [
+        ([f"resume={completed}"],
+         f"resume={completed}: the run is completed; only an interrupted or killed run"),
+        ([f"resume={no_checkpoint}"],
+         f"resume={no_checkpoint}: no checkpoint in {no_checkpoint / 'checkpoints'}"),
+        ([f"resume={going}"], f"resume={going}: the run is still going (pid {pid}); stop it"),
+        ([f"resume={optuna}"], f"resume={optuna}: a sweep of hydra/sweeper=optuna; only basic"),
+        ([f"resume={renamed}"], f"resume={renamed}: its runs are not in <sweep>/<job number>/"),
+        ([f"resume={busy_sweep}"], f"resume={busy_sweep}: run 0 is still going (pid {pid})"),
+        ([f"resume={foreign}"],
+         f"resume={foreign}: run 1 was made by other overrides than the sweep's job 1 "
+         "(seed=1 clip=0.1)"),
+    ]
+    before = mtimes(tmp_path)
+    for args, message in cases:
+        result = gradexp("gradexp.train", *args, cwd=tmp_path)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, (args, result.stderr)
+        assert lines[0].startswith(f"error: {message}"), lines[0]
+    assert mtimes(tmp_path) == before  # not a file written or touched
+
+
+def test_a_job_refuses_a_run_of_another_config_or_a_live_run_in_its_directory(make_cfg, tmp_path):
+    """What a job re-executed into its run directory (a Slurm requeue) does with a run there
+    that is not its own: refused in one line, the directory left as it was. (From the command
+    line, hydra.run.dir= of a taken directory gets <dir>_1: only a requeue meets this.)"""
+    import socket
+
+    import pytest
+    from omegaconf import OmegaConf
+
+    from gradexp.rundir import NotResumable
+    from gradexp.train import rundir_action
+
+    cfg = make_cfg("clip=0.1")
+    own = json.loads(json.dumps(OmegaConf.to_container(cfg)))
+    for status, config, message in (
+            ("completed", {**own, "clip": 0.5}, "holds a completed run of another config; give "
+                                                "this run its own directory"),
+            ("interrupted", {**own, "seed": 1}, "holds a interrupted run of another config"),
+            ("running", own, f"its run is still going (pid {os.getpid()})")):
+        (tmp_path / "summary.json").write_text(json.dumps({
+            "status": status, "config": config, "host": socket.gethostname(),
+            "pid": os.getpid()}))
+        (tmp_path / "checkpoints").mkdir(exist_ok=True)
+        (tmp_path / "checkpoints" / "checkpoint").write_text("")
+        before = mtimes(tmp_path)
+        with pytest.raises(NotResumable, match=f"^{tmp_path}: " + message.replace("(", r"\(")
+                           .replace(")", r"\)")):
+            rundir_action(tmp_path, cfg)
+        assert mtimes(tmp_path) == before
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "config": own}))
+    assert rundir_action(tmp_path, cfg) == "keep"  # its own run: the result stands
