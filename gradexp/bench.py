@@ -318,15 +318,24 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the targets' ratios on the MLPs, summary and config error, "
                              "fewer steps (under 2 minutes); the rest: full run (~25 minutes)")
     parser.add_argument("--repeats", type=int, help="rounds per comparison (default 3, quick 2)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="with --quick: every measurement at a toy scale, one round (a "
+                             "test of the bench's own code, under a minute; its figures mean "
+                             "nothing)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides for every run, e.g. trainer.jit_compile=false")
     args = parser.parse_args(argv)
     EXTRA[:] = args.overrides
-    repeats = args.repeats or (2 if args.quick else 3)
+    repeats = args.repeats or (1 if args.smoke else 2 if args.quick else 3)
     # --quick: each run's tracing and compilation (~3 s) outweighs its steps; fewer steps
     # keep it under 2 minutes on a slow moment of this VM (127 s with 1000 and 40 steps)
-    steps = 600 if args.quick else 3000
-    wide_steps = 30 if args.quick else 60
+    steps = 40 if args.smoke else 600 if args.quick else 3000
+    wide_steps = 20 if args.smoke else 30 if args.quick else 60
+    wide_workload = (["model.width=32", "trainer.batch_size=32"] if args.smoke
+                     else WORKLOADS["mlp_wide"])
+    if args.smoke:  # no XLA: compiling dominates runs this short
+        args.quick = True
+        EXTRA[:0] = ["model.width=8", "trainer.log_every=10", "trainer.jit_compile=false"]
     out: dict[str, float] = {}
     since = [time.perf_counter()]
 
@@ -357,10 +366,11 @@ def main(argv: list[str] | None = None) -> dict:
         "telemetry_overhead": speeds["no_telemetry"] / speeds["gradexp"],
     })
 
-    wide = compose_cfg(wide_steps, *WORKLOADS["mlp_wide"], "trainer.log_every=10")
+    wide = compose_cfg(wide_steps, *wide_workload, "trainer.log_every=10")
     speeds = side_by_side({"gradexp": lambda: gradexp_steps_per_s(wide),
                            "bare_loop": lambda: bare_loop_steps_per_s(wide),
                            "matmul_flops": lambda: matmul_flops_per_s(
+                               256 if args.smoke else 2048,
                                repeats=5 if args.quick else 10)}, repeats)
     flops = mlp_flops_per_step(wide, 32, 10) * speeds["gradexp"]
     report("compute-bound MLP (width 1024, batch 512)", {
@@ -386,10 +396,11 @@ def main(argv: list[str] | None = None) -> dict:
         report("determinism", determinism_cost(steps, repeats))
         report("sweeps", bench_sweeps.measure(1))
     # tbparse takes ~17 s for 100 runs of 100 steps (2 cores): one round in --quick
-    report("summarize", summarize_vs_tbparse(100, 100 if args.quick else 1000,
+    report("summarize", summarize_vs_tbparse(4 if args.smoke else 100,
+                                             20 if args.smoke else 100 if args.quick else 1000,
                                              1 if args.quick else repeats))
     report("config error", {"config_error_s": config_error_seconds(repeats)})
-    print(json.dumps({k: round(v, 4) for k, v in out.items()}))
+    print(json.dumps({k: float(f"{v:.6g}") for k, v in out.items()}))  # never 0 for v > 0
     return out
 
 
