@@ -48,21 +48,17 @@ from gradexp import bench_sweeps, rundir
 from gradexp.train import CONF_DIR
 
 WORKLOADS = {  # name: overrides of the default config
-    "mlp": [],
     "mlp_wide": ["model.width=1024", "trainer.batch_size=512"],
     "cnn": ["model=cnn", "dataset=digits"],
     "rnn": ["model=rnn", "dataset=adding"],
     "transformer": ["model=transformer", "dataset=digits"],
 }
-
-
 EXTRA: list[str] = []  # overrides given on the command line, for every configuration
 
 
 def compose_cfg(steps: int, *overrides: str):
     """The real config, with `steps` steps, one evaluation (at the end) and no checkpoints;
-    otherwise the defaults a run has (on_divergence=stop: `continue` wraps the update in a
-    conditional that costs the compute-bound MLP ~3%)."""
+    otherwise a run's defaults (on_divergence=stop: `continue` costs the wide MLP ~3%)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -318,21 +314,17 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the targets' ratios on the MLPs, summary and config error, "
                              "fewer steps (under 2 minutes); the rest: full run (~25 minutes)")
     parser.add_argument("--repeats", type=int, help="rounds per comparison (default 3, quick 2)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="with --quick: every measurement at a toy scale, one round (a "
-                             "test of the bench's own code, under a minute; its figures mean "
-                             "nothing)")
+    parser.add_argument("--smoke", action="store_true", help="--quick at a toy scale, one "
+                        "round: a test of the bench's code (under a minute; figures mean nothing)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides for every run, e.g. trainer.jit_compile=false")
     args = parser.parse_args(argv)
     EXTRA[:] = args.overrides
     repeats = args.repeats or (1 if args.smoke else 2 if args.quick else 3)
-    # --quick: each run's tracing and compilation (~3 s) outweighs its steps; fewer steps
-    # keep it under 2 minutes on a slow moment of this VM (127 s with 1000 and 40 steps)
+    # --quick: fewer steps keep it under 2 minutes (127 s with 1000 and 40 on a slow moment)
     steps = 40 if args.smoke else 600 if args.quick else 3000
     wide_steps = 20 if args.smoke else 30 if args.quick else 60
-    wide_workload = (["model.width=32", "trainer.batch_size=32"] if args.smoke
-                     else WORKLOADS["mlp_wide"])
+    wide_workload = ["model.width=32"] if args.smoke else WORKLOADS["mlp_wide"]
     if args.smoke:  # no XLA: compiling dominates runs this short
         args.quick = True
         EXTRA[:0] = ["model.width=8", "trainer.log_every=10", "trainer.jit_compile=false"]
