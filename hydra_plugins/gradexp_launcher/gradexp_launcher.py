@@ -94,14 +94,13 @@ class GradexpLauncher(Launcher):
 
     def launch_group(self, configs: list[DictConfig], indices: list[int]) -> dict[int, JobReturn]:
         """Set each job up through run_job; train the ones that start afresh as one batch."""
-        from gradexp import batched, rundir, train
+        from gradexp import batched, rundir
 
         def set_up(cfg: DictConfig):
             from hydra.core.hydra_config import HydraConfig
 
             run_dir = Path(HydraConfig.get().runtime.output_dir)
-            if len(configs) > 1 and train.rundir_action(run_dir, cfg) in (
-                    rundir.START, rundir.RESTART):
+            if len(configs) > 1 and rundir.restart_action(run_dir) == rundir.START:
                 return PENDING
             return self.task_function(cfg)  # alone, or a run found in its directory
 
