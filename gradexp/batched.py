@@ -1,5 +1,5 @@
 """K runs of one structure trained in one compiled program: a sweep's runs that differ only in
-their seed and clip bounds, one dispatch per step for all of them.
+their seed, clip bounds and learning rate, one dispatch per step for all of them.
 
 Each run is set up as it would be alone (gradexp/train.py `start`: its directory, provenance,
 seed, model and optimizer built with that seed's initial weights, logs). Their variables are
@@ -66,15 +66,23 @@ def why_separate(cfg: DictConfig) -> str | None:
     return None
 
 
+# Keys whose values are data of the compiled step, not program: the seed (initial weights,
+# data order), the clip layers' bounds (a weight of each layer: gradexp/layers.py) and the
+# learning rate (a variable of the optimizer). Runs that differ only in these share one step.
+DATA_KEYS = ("seed", "clip", "layer.clip_min", "layer.clip_max", "optimizer.learning_rate")
+
+
 def group_key(cfg: DictConfig) -> str:
-    """Runs with equal keys share one compiled step: their configs differ only in the seed and
-    the clip layers' bounds (state of the layers, not program: gradexp/layers.py)."""
+    """Runs with equal keys share one compiled step: their configs differ only in DATA_KEYS."""
     from omegaconf import OmegaConf
 
     plain = OmegaConf.to_container(cfg, resolve=True)
-    for data in ("seed", "clip"):
-        plain.pop(data, None)
-    plain["layer"] = {k: v for k, v in plain["layer"].items() if k not in ("clip_min", "clip_max")}
+    for key in DATA_KEYS:
+        *path, last = key.split(".")
+        node = plain
+        for part in path:
+            node = node[part]
+        node.pop(last, None)
     return repr(sorted(plain.items(), key=lambda kv: kv[0]))
 
 

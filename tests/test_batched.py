@@ -88,6 +88,30 @@ def same_checkpoints(a: Path, b: Path) -> None:
                                       err_msg=name)
 
 
+def test_runs_of_other_bounds_and_learning_rates_share_one_batch(make_cfg, tmp_path, caplog):
+    """Clip bounds and the learning rate are state (a layer weight, an optimizer variable),
+    so runs that differ in them are one batch, each with its own values."""
+    quick = ["trainer.steps=20", "trainer.log_every=10", "trainer.eval_every=20",
+             "trainer.histogram_every=0", "model.width=8", "trainer.jit_compile=false"]
+    settings = [["clip=null", "optimizer.learning_rate=0.001"],
+                ["clip=0.01", "optimizer.learning_rate=0.003"],
+                ["layer.clip_min=-0.02", "layer.clip_max=0.05", "optimizer.learning_rate=0.002"]]
+    caplog.set_level("INFO", logger="gradexp")
+    jobs, alone = [], []
+    for i, s in enumerate(settings):
+        cfg = make_cfg(*quick, *s)
+        for kind in ("alone", "batch"):
+            (tmp_path / kind / str(i)).mkdir(parents=True)
+        jobs.append(batched.Job(cfg, tmp_path / "batch" / str(i), s))
+        alone.append(training.train(cfg, tmp_path / "alone" / str(i), s))
+    together = batched.train(jobs)
+    assert "training 3 runs as one batch" in caplog.text
+    for i in range(3):
+        same_files(tmp_path / "alone" / str(i), tmp_path / "batch" / str(i))
+        assert together[i]["final_loss"] == alone[i]["final_loss"]
+    assert len({s["final_loss"] for s in together}) == 3
+
+
 def test_runs_that_cannot_share_a_step_train_one_after_another(make_cfg, tmp_path, caplog):
     quick = ["trainer.steps=20", "trainer.log_every=10", "trainer.eval_every=20",
              "trainer.histogram_every=0", "model.width=8", "trainer.jit_compile=false"]
