@@ -8,8 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 study=experiments/lr_range
 sweep="outputs/multirun/lr_range/$(date +%Y-%m-%d_%H-%M-%S)"
-run() { python -m gradexp.train -m +experiment=lr_range hydra/launcher=joblib \
-            hydra.launcher.n_jobs="${JOBS:-2}" "$@"; }
+# hydra/launcher=gradexp: the runs of one setting, whatever their learning rate and seed, train
+# as batches of up to 32 (the learning rate is a variable of the optimizer, not program)
+run() { python -m gradexp.train -m +experiment=lr_range hydra/launcher=gradexp "$@"; }
+start=$SECONDS
 run hydra.sweep.dir="$sweep/params" clipping=none,global_norm
 run hydra.sweep.dir="$sweep/layer" clip=0.1
+echo "sweeps: $((SECONDS - start)) s"
 python -m gradexp.summarize "$sweep" --plots --out "$study"
