@@ -204,8 +204,11 @@ def train(jobs: list[Job]) -> list[dict]:
     summaries = [training.finish(run, result, logger, batch={**batch, "index": k})
                  for k, (run, result, logger) in enumerate(zip(runs, results, loggers,
                                                                strict=True))]
-    for run, summary in zip(runs, summaries, strict=True):
+    for run, summary, logger in zip(runs, summaries, loggers, strict=True):
         log.info(training.final_line(summary, run.run_dir))
+        for handler in logger.handlers:  # a sweep of many batches keeps no file open
+            handler.close()
+        logger.handlers.clear()
     return summaries
 
 
