@@ -1,0 +1,189 @@
+"""Mutation testing of gradexp's core modules with mutmut 3 (outside the default test run).
+
+    pip install -e ".[mutation]"
+    nice -n 19 python tests/mutation.py                  # every group, cheapest first
+    nice -n 19 python tests/mutation.py analysis layers  # some groups
+
+Each group (GROUPS below) is a set of modules and the test files that exercise them. For a group,
+a scratch copy of the checkout is made in `.mutmut/<group>/` (git-ignored) with the group's
+`[tool.mutmut]` section added to its pyproject.toml, and `mutmut run` runs there: mutmut writes
+each module's mutants into `.mutmut/<group>/mutants/`, records which tests reach each function,
+and runs only those tests (with -x) against each mutant. Workers are forked from a fork server
+that has imported the tests but not started TensorFlow's runtime (TensorFlow does not survive a
+fork after it has run an op).
+
+The summary per module is mutmut's count of killed, survived, timeout and no-tests mutants, and
+the score killed / (total − equivalent), with the equivalent mutants (survivors that no test can
+tell from the original: same behaviour) read from tests/mutation_equivalents.md, each with its
+reason. `cd .mutmut/<group> && mutmut show <name>` prints a mutant's diff; `mutmut results`
+lists the survivors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EQUIVALENTS = REPO / "tests" / "mutation_equivalents.md"
+
+# group: (modules to mutate, test files that exercise them), cheapest first
+GROUPS = {
+    "analysis": (["gradexp/analysis/metrics.py", "gradexp/analysis/stats.py"],
+                 ["tests/test_analysis_metrics.py", "tests/test_analysis_stats.py",
+                  "tests/test_analysis_known.py", "tests/test_analysis_compare.py",
+                  "tests/test_analysis_runs.py", "tests/test_analysis_groups.py"]),
+    "measures": (["gradexp/measures.py"],
+                 ["tests/test_measures.py", "tests/test_analysis_metrics.py",
+                  "tests/test_analysis_known.py", "tests/test_analysis_runs.py"]),
+    "layers": (["gradexp/layers.py"], ["tests/test_layers.py"]),
+    "clipping": (["gradexp/clipping/*.py"], ["tests/test_clipping.py"]),
+    "telemetry": (["gradexp/telemetry.py"], ["tests/test_telemetry.py"]),
+    "step": (["gradexp/step.py"], ["tests/test_telemetry.py", "tests/test_train.py"]),
+}
+
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests",
+          34: "skipped", 36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout",
+          255: "timeout", -11: "segfault", -9: "segfault", None: "not checked"}
+
+
+def mutmut_section(modules: list[str], tests: list[str]) -> str:
+    def toml_list(items):
+        return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+    return f"""
+[tool.mutmut]
+source_paths = ["gradexp"]
+only_mutate = {toml_list(modules)}
+also_copy = ["conf", "hydra_plugins"]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-W", "ignore"]
+pytest_add_cli_args_test_selection = {toml_list(tests)}
+process_isolation = "forkserver"
+use_git_change_detection = false
+timeout_constant = 20.0
+"""
+
+
+def prepare(group: str) -> Path:
+    """A fresh scratch copy of the checkout for `group`, its pyproject.toml configuring mutmut."""
+    modules, tests = GROUPS[group]
+    work = REPO / ".mutmut" / group
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for name in ("gradexp", "tests", "conf", "hydra_plugins"):
+        shutil.copytree(REPO / name, work / name, ignore=ignore)
+    tests = [t for t in tests if (REPO / t).exists()]
+    pyproject = (REPO / "pyproject.toml").read_text() + mutmut_section(modules, tests)
+    (work / "pyproject.toml").write_text(pyproject)
+    return work
+
+
+def refresh(group: str) -> Path:
+    """The group's scratch copy as it is, its tests (and conf) replaced by the checkout's."""
+    work = REPO / ".mutmut" / group
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for name in ("tests", "conf"):
+        shutil.copytree(REPO / name, work / name, ignore=ignore, dirs_exist_ok=True)
+    return work
+
+
+def not_killed(work: Path) -> list[str]:
+    """The mutants of the last run that no test killed."""
+    names = []
+    for meta in (work / "mutants").rglob("*.py.meta"):
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        names += [n for n, c in codes.items() if STATUS.get(c, "suspicious") != "killed"]
+    return sorted(names)
+
+
+def equivalents() -> dict[str, str]:
+    """{mutant name: reason} from the tables of tests/mutation_equivalents.md."""
+    found = {}
+    if EQUIVALENTS.exists():
+        for line in EQUIVALENTS.read_text().splitlines():
+            m = re.match(r"\|\s*`(gradexp\.[^`]+__mutmut_\d+)`\s*\|(.*)\|\s*$", line)
+            if m:
+                found[m.group(1)] = m.group(2).strip()
+    return found
+
+
+def summarize(group: str, work: Path, seconds: float) -> list[dict]:
+    """One row per module: mutmut's counts and the score without the listed equivalents."""
+    modules, _ = GROUPS[group]
+    known = equivalents()
+    rows = []
+    for meta in sorted((work / "mutants").rglob("*.py.meta")):
+        module = meta.relative_to(work / "mutants").as_posix().removesuffix(".meta")
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        if not codes:
+            continue
+        counts: dict[str, int] = {}
+        survivors = []
+        for name, code in sorted(codes.items()):
+            status = STATUS.get(code, "suspicious")
+            counts[status] = counts.get(status, 0) + 1
+            if status != "killed":
+                survivors.append((name, status))
+        equivalent = [n for n, s in survivors if s == "survived" and n in known]
+        total, killed = len(codes), counts.get("killed", 0)
+        scored = total - len(equivalent)
+        rows.append({"module": module, "total": total, **counts,
+                     "equivalent": len(equivalent),
+                     "score": killed / scored if scored else float("nan"),
+                     "not_killed": [f"{n} ({s})" for n, s in survivors if n not in equivalent]})
+    print(f"\n== {group}: {seconds / 60:.1f} min")
+    for r in rows:
+        counts = ", ".join(f"{k} {r[k]}" for k in ("killed", "survived", "timeout", "no tests",
+                                                    "segfault", "suspicious", "not checked")
+                           if r.get(k))
+        print(f"{r['module']}: {r['total']} mutants: {counts}; equivalent {r['equivalent']}; "
+              f"score {r['score']:.1%}")
+        for name in r["not_killed"]:
+            print(f"    not killed: {name}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("groups", nargs="*",
+                        help=f"the groups to run (default: all): {', '.join(GROUPS)}")
+    parser.add_argument("--survivors", action="store_true",
+                        help="test again only the mutants the last run of each group did not "
+                             "kill, with the checkout's tests (after adding tests)")
+    parser.add_argument("--max-children", type=int, default=1,
+                        help="mutants tested at once (default 1: the machine is shared)")
+    args = parser.parse_args(argv)
+    unknown = [g for g in args.groups if g not in GROUPS]
+    if unknown:
+        parser.error(f"unknown group(s) {', '.join(unknown)}: choose from {', '.join(GROUPS)}")
+    mutmut = shutil.which("mutmut") or str(Path(sys.executable).with_name("mutmut"))
+    everything = []
+    for group in args.groups or list(GROUPS):
+        names = []
+        if args.survivors and (REPO / ".mutmut" / group / "mutants").exists():
+            work = refresh(group)
+            names = not_killed(work)
+        else:
+            work = prepare(group)
+        start = time.monotonic()
+        if not args.survivors or names:
+            subprocess.run([mutmut, "run", "--max-children", str(args.max_children), *names],
+                           cwd=work, check=False)
+        everything += summarize(group, work, time.monotonic() - start)
+    killed = sum(r.get("killed", 0) for r in everything)
+    scored = sum(r["total"] - r["equivalent"] for r in everything)
+    if scored:
+        print(f"\nall: {killed} killed of {scored} (equivalents excluded): {killed / scored:.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
