@@ -167,14 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     mutmut = shutil.which("mutmut") or str(Path(sys.executable).with_name("mutmut"))
     everything = []
     for group in args.groups or list(GROUPS):
-        names = []
-        if args.survivors and (REPO / ".mutmut" / group / "mutants").exists():
-            work = refresh(group)
-            names = not_killed(work)
-        else:
-            work = prepare(group)
+        again = args.survivors and (REPO / ".mutmut" / group / "mutants").exists()
+        work = refresh(group) if again else prepare(group)
+        names = not_killed(work) if again else []
         start = time.monotonic()
-        if not args.survivors or names:
+        if not again or names:
             subprocess.run([mutmut, "run", "--max-children", str(args.max_children), *names],
                            cwd=work, check=False)
         everything += summarize(group, work, time.monotonic() - start)

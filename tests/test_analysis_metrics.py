@@ -4,6 +4,7 @@ hand-written runs (fake_runs.write_run), and the divergence that bounds the step
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -16,11 +17,15 @@ from gradexp.analysis.metrics import (
     Settings,
     clip_fraction,
     final_loss,
+    grad_norm_cv,
+    grad_norm_p99_p50,
     loss_spike_rate,
     loss_spikes,
     run_metrics,
     spike_score,
     steps_to_target,
+    table_divergence_step,
+    trailing_mean,
 )
 from gradexp.analysis.reports import group_table
 from gradexp.analysis.runs import load_runs, read_metrics
@@ -74,6 +79,93 @@ def test_default_settings_and_edge_values():
     assert clip_fraction(pd.DataFrame({"loss/train": [1.0]})) == 0  # no clip layer
 
 
+def test_trailing_mean_over_the_values_that_exist():
+    # window 2: 2, (2+4)/2, (4+6)/2, (6+8)/2; window 5 > n: the mean of all so far
+    assert trailing_mean(np.array([2.0, 4, 6, 8]), 2) == pytest.approx([2, 3, 5, 7])
+    assert trailing_mean(np.array([2.0, 4, 6, 8]), 5) == pytest.approx([2, 3, 4, 5])
+
+
+def test_the_default_spike_window_factor_and_rise():
+    """Defaults window 20, factor 2, min_rise 0.05: after a first loss of 11, twenty losses of
+    1, then 2.5 at step 22. Its trailing mean over the 20 steps before it is 1 (2.5 > 2: a
+    spike, rising 1.5 > 0.05 · 11); over 21 steps it would be 31/21 (2.5 < 2.95: none), with
+    factor 3 none, with min_rise 1.05 none (1.5 < 11.55)."""
+    loss = np.array([11.0] + [1.0] * 20 + [2.5])
+    assert loss_spikes(loss) == 1
+    assert loss_spike_rate(loss) == pytest.approx(100 / 22)
+    assert loss_spikes(loss, window=21) == 0 and loss_spikes(loss, factor=3) == 0
+    assert loss_spikes(loss, min_rise=1.05) == 0 and loss_spike_rate(loss, window=21) == 0
+    # steps_to_target's default window is 20 too: after a first loss of 41, thirty losses of
+    # 1: the mean of the last 20 is 1 at step 21 (over 21 steps: (41 + 20)/21 at step 21)
+    assert steps_to_target(np.array([41.0] + [1.0] * 30), np.arange(1, 32), 1.0) == 21
+
+
+def test_a_spike_is_strictly_above_both_thresholds():
+    # window 2, factor 2: 2 is exactly twice the mean (1) of the two losses before it: no spike
+    assert loss_spikes(np.array([1.0, 1, 2]), window=2) == 0
+    assert loss_spikes(np.array([1.0, 1, 2.01]), window=2) == 1
+    # window 1: 0.75 > 2 · 0.25, but its rise 0.5 is not above 0.5 · the first loss (1)
+    assert loss_spikes(np.array([1.0, 0.25, 0.75]), window=1, min_rise=0.5) == 0
+    assert loss_spikes(np.array([1.0, 0.25, 0.75]), window=1, min_rise=0.49) == 1
+
+
+def test_the_rise_is_the_loss_minus_the_mean_relative_to_the_first_loss():
+    # window 2, the mean before step 4 is 0.01: 0.045 is 4.5× it but rises only 0.035, not
+    # above 0.05 · 1 (its loss plus the mean, 0.055, would be)
+    assert loss_spikes(np.array([1.0, 0.01, 0.01, 0.045]), window=2) == 0
+    # a first loss of 2: 0.08 rises 0.07, not above 0.05 · 2 = 0.1 (0.05 / 2 = 0.025 it is)
+    assert loss_spikes(np.array([2.0, 0.01, 0.01, 0.08]), window=2) == 0
+    assert loss_spikes(np.array([2.0, 0.01, 0.01, 0.12]), window=2) == 1  # rise 0.11 > 0.1
+
+
+def test_gradient_norm_ratios_by_hand_and_nan_quietly_at_zero():
+    # norms below 1: std 0.1 / mean 0.3; p99 of 0.1, 0.2, 0.3 at rank 1.98: 0.298, p50 0.2
+    assert grad_norm_cv(np.array([0.2, 0.4])) == pytest.approx(1 / 3)
+    assert grad_norm_p99_p50(np.array([0.1, 0.2, 0.3])) == pytest.approx(0.298 / 0.2, rel=1e-12)
+    # a zero mean or median: NaN, without numpy's division warnings reaching the user
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert math.isnan(grad_norm_cv(np.zeros(3)))
+        assert math.isnan(grad_norm_p99_p50(np.array([0.0, 0, 0, 4])))  # p99 3.88, p50 0
+
+
+def test_a_table_without_gradient_norms_diverges_by_its_loss_alone():
+    table = pd.DataFrame({"step": [10, 20, 30], "loss/train": [1.0, 2.0, math.nan]})
+    assert table_divergence_step(table, 1000) == 30
+    assert table_divergence_step(table, 1.5) == 20  # 2 > 1.5 · 1
+    assert table_divergence_step(table, 1000, reported_step=15) == 15  # the earlier of the two
+
+
+def test_a_non_finite_norm_on_a_step_the_loss_scale_optimizer_skipped_is_no_divergence():
+    table = pd.DataFrame({"step": [1, 2, 3], "loss/train": [1.0, 1.0, 1.0],
+                          "grad_norm/global": [1.0, math.inf, 1.0], "skipped": [0.0, 1.0, 0.0]})
+    assert math.isnan(table_divergence_step(table, 1000))  # skipped: only the scale drops
+    assert table_divergence_step(table.drop(columns="skipped"), 1000) == 2
+
+
+def test_run_metrics_defaults_and_settings():
+    # the default divergence factor is 1000: a loss 1000.5 times the first diverges
+    rising = pd.DataFrame({"step": [1, 2], "loss/train": [1.0, 1000.5]})
+    assert run_metrics(rising)["diverged"] == 1 and run_metrics(rising)["diverged_step"] == 2
+    assert run_metrics(rising, divergence_factor=1001)["diverged"] == 0
+    # without a gradient-norm column its metrics are NaN (not an error)
+    m = run_metrics(pd.DataFrame({"step": [1, 2, 3], "loss/train": [3.0, 2.0, 1.0]}))
+    assert math.isnan(m["grad_norm_mean"]) and math.isnan(m["grad_norm_max"])
+    assert m["final_loss"] == 1 and m["measured_steps"] == 3
+    # the spike score's window and sigmas come from Settings: of ten values, the last is 100
+    # after nine 1s, √9 = 3 standard deviations from their mean: a spike at 2σ, none at 7σ
+    values = [1.0] * 9 + [100.0]
+    table = pd.DataFrame({"step": range(1, 11), "loss/train": values,
+                          "grad_norm/global": values})
+    scores = ("loss_spike_score", "grad_norm_spike_score")
+    at_2 = run_metrics(table, Settings(spike_score_sigmas=2.0))
+    assert [at_2[k] for k in scores] == [10, 10]  # one in ten values, in percent
+    assert [run_metrics(table)[k] for k in scores] == [0, 0]
+    # a window of 3: 100 is √2 σ from the mean of (1, 1, 100): none at 2σ
+    at_2_over_3 = run_metrics(table, Settings(spike_score_window=3, spike_score_sigmas=2.0))
+    assert [at_2_over_3[k] for k in scores] == [0, 0]
+
+
 def alternating(n):
     """1.01, 0.99, 1.01, ...: each value is (at most) 1σ from the mean of the values up to it
     (over an even number of them: mean 1, standard deviation 0.01)."""
@@ -113,6 +205,22 @@ def test_spike_score_of_a_run_shorter_than_the_window():
     assert spike_score(early) == 0
     assert spike_score(late) == pytest.approx(100 / 60)
     assert spike_score(late, window=10) == 0  # a window of 10: never more than 3σ
+
+
+def test_spike_score_at_exactly_sigmas_the_default_window_and_a_window_of_one():
+    """Step 50 of fifty values, 49 equal and one other, is exactly √49 = 7 population standard
+    deviations from their mean (7.0 in floating point too): it counts (≥, and ddof=0: with
+    ddof=1 it would be 6.93σ). The default window is 1000: a first value of 1000 leaves the
+    window at step 1001, where 1.1 is then ~9.5σ above the alternating 1 ± 0.01 (over 1001
+    values it would be within 1σ). A window of one value: never a spike."""
+    x = np.ones(60)
+    x[49] = 100.0
+    assert spike_score(x) == pytest.approx(100 / 60)
+    far = alternating(1001)
+    far[0], far[1000] = 1000.0, 1.1
+    assert spike_score(far) == pytest.approx(100 / 1001)
+    assert spike_score(far, window=1001) == 0
+    assert spike_score(x, window=1) == 0
 
 
 @pytest.mark.parametrize(("losses", "norms", "factor", "step"), [

@@ -3,11 +3,13 @@ scipy.stats.binomtest."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.stats
 
-from gradexp.analysis.stats import clopper_pearson, sign_test
+from gradexp.analysis.stats import clopper_pearson, sign_test, t_half_width, t_interval
 
 
 def test_clopper_pearson_and_sign_test_by_hand():
@@ -44,3 +46,20 @@ def test_sign_test_is_binomtests_p_value():
     # one-sided, the alternative of experiments/exploding_rnn/table.py: P(X ≥ wins)
     assert sign_test(3, 1, alternative="greater") == pytest.approx(5 / 16)
     assert np.isnan(sign_test(np.nan, 1)) and sign_test(0, 0, alternative="greater") == 1
+
+
+def test_sign_test_of_a_single_pair():
+    # one win, no loss: two-sided 1, one-sided P(X ≥ 1) = 1/2; one loss: P(X ≥ 0) = 1
+    assert sign_test(1, 0) == 1 and sign_test(1, 0, alternative="greater") == 0.5
+    assert sign_test(0, 1, alternative="greater") == 1
+
+
+def test_t_interval_by_hand_and_nan_quietly_below_two_seeds():
+    # t_{0.975, 3} = 3.182446305284263 (tables: 3.182); std 2 over 4 seeds: 3.1824 · 2 / 2
+    assert t_half_width(2.0, 4) == pytest.approx(3.182446305284263, rel=1e-12)
+    assert t_interval(10.0, 2.0, 4) == pytest.approx((6.817553694715737, 13.182446305284263))
+    # fewer than 2 seeds: NaN, without numpy's warnings (0/0 and 1/0 at n = 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        half = t_half_width(np.array([0.0, 1.0, 1.0]), np.array([0, 0, 1]))
+    assert np.isnan(half).all()

@@ -177,3 +177,82 @@ def test_non_finite_dy_survives_the_loss_scale_path():
     dx = backward(dy, tf.float16, clip_min=-0.1, clip_max=0.1, max_norm=0.05,
                   loss_scale=tf.constant(4.0)).numpy()
     assert dx[0, 0] == np.inf and np.isnan(dx[1, 0])  # the loss-scale optimizer can skip
+
+
+@pytest.mark.parametrize("dtype", [None, "float16", "mixed_float16"])
+def test_the_statistics_weight_is_a_non_trainable_float32_zero_vector(dtype):
+    """What the trainer relies on: `gradient_stats` is a float32 vector of 4 zeros (sums of
+    squares would overflow float16) that the optimizer never sees (not trainable), saved under
+    its own name whatever the layer's dtype policy."""
+    layer = ClipGradient(-0.1, 0.1, dtype=dtype)
+    layer.build((2, 3))
+    stats = layer.gradient_stats
+    assert stats.dtype == "float32" and tuple(stats.shape) == (len(STATS),)
+    assert stats.numpy().tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert stats.path.split("/")[-1] == "gradient_stats"
+    assert layer.trainable_weights == [] and layer.non_trainable_weights == [stats]
+
+
+def test_the_layer_follows_the_loss_scale_variable_it_is_given():
+    """follow_loss_scale(S): dy arrives S times the true gradient; the layer clips g = dy / S
+    and hands back S · dx, reading S when the backward pass runs (the optimizer changes it)."""
+    layer = ClipGradient(-0.1, 0.1)
+    x = tf.ones((1, 2))
+    layer.build(x.shape)
+    scale = tf.Variable(4.0)
+    layer.follow_loss_scale(scale)
+    true_dy = tf.constant([[0.2, 0.04]])
+
+    def dx_and_stats():
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            tape.watch(layer.gradient_stats.value)
+            loss = tf.reduce_sum(layer(x) * true_dy * scale)
+        return (tape.gradient(loss, x).numpy() / scale.numpy(),
+                tape.gradient(loss, layer.gradient_stats.value).numpy())
+
+    dx, stats = dx_and_stats()
+    np.testing.assert_allclose(dx, [[0.1, 0.04]], rtol=1e-6)  # true units: 0.2 clipped to 0.1
+    np.testing.assert_allclose(stats, [0.2**2 + 0.04**2, 0.1**2 + 0.04**2, 1, 2], rtol=1e-6)
+    scale.assign(1024.0)  # the loss scale grows: the layer reads the new value
+    dx, stats = dx_and_stats()
+    np.testing.assert_allclose(dx, [[0.1, 0.04]], rtol=1e-6)
+    np.testing.assert_allclose(stats, [0.2**2 + 0.04**2, 0.1**2 + 0.04**2, 1, 2], rtol=1e-6)
+
+
+def layer_backward(layer, dy):
+    """dx and the statistics of a Keras clip layer for upstream gradient dy (x = ones)."""
+    x = tf.ones(dy.shape)
+    layer.build(x.shape)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        tape.watch(layer.gradient_stats.value)
+        loss = tf.reduce_sum(layer(x) * dy)
+    return (tape.gradient(loss, x).numpy(),
+            tape.gradient(loss, layer.gradient_stats.value).numpy())
+
+
+def test_the_layer_passes_its_norm_bound_and_axis():
+    """Rows of norm 0.5 and 0.05, bound 0.1: per example the first row shrinks to norm 0.1
+    (× 0.2, a norm below 1 divided by itself) and the second passes; per batch both shrink by
+    0.1 / ‖dy‖ = 0.1 / 0.50249."""
+    dy = tf.constant([[0.3, 0.4], [0.03, 0.04]])
+    dx, stats = layer_backward(ClipGradient(max_norm=0.1, norm_axis="example"), dy)
+    np.testing.assert_allclose(dx, [[0.06, 0.08], [0.03, 0.04]], rtol=1e-6)
+    np.testing.assert_allclose(stats, [0.2525, 0.0125, 2, 4], rtol=1e-5)  # 2 elements changed
+    dx, _ = layer_backward(ClipGradient(max_norm=0.1), dy)
+    np.testing.assert_allclose(dx, dy.numpy() * 0.1 / np.sqrt(0.2525), rtol=1e-6)
+    dx = backward(tf.constant([0.3, 0.4]), max_norm=0.1)  # the function: × 0.1 / 0.5
+    np.testing.assert_allclose(dx, [0.06, 0.08], rtol=1e-6)
+
+
+def test_the_unclipped_layer_reports_nothing_clipped():
+    dy = tf.constant([[0.3, -0.4, 2.0]])
+    dx, stats = layer_backward(ClipGradient(grad_scale=2.0), dy)
+    np.testing.assert_allclose(dx, 2 * dy.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(stats, [4 * 4.25, 4 * 4.25, 0, 3], rtol=1e-6)
+
+
+def test_a_norm_axis_that_does_not_exist_is_refused_by_name():
+    with pytest.raises(ValueError, match="^norm_axis=rows: must be one of batch, example$"):
+        clip_gradient(tf.ones(2), max_norm=1.0, norm_axis="rows")
