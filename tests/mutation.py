@@ -133,12 +133,14 @@ def summarize(group: str, work: Path, seconds: float) -> list[dict]:
             if status != "killed":
                 survivors.append((name, status))
         equivalent = [n for n, s in survivors if s == "survived" and n in known]
+        stale = [n for n, c in codes.items() if n in known and STATUS.get(c) == "killed"]
         total, killed = len(codes), counts.get("killed", 0)
         scored = total - len(equivalent)
         rows.append({"module": module, "total": total, **counts,
                      "equivalent": len(equivalent),
                      "score": killed / scored if scored else float("nan"),
-                     "not_killed": [f"{n} ({s})" for n, s in survivors if n not in equivalent]})
+                     "not_killed": [f"{n} ({s})" for n, s in survivors if n not in equivalent],
+                     "stale": stale})
     print(f"\n== {group}: {seconds / 60:.1f} min")
     for r in rows:
         counts = ", ".join(f"{k} {r[k]}" for k in ("killed", "survived", "timeout", "no tests",
@@ -148,6 +150,8 @@ def summarize(group: str, work: Path, seconds: float) -> list[dict]:
               f"score {r['score']:.1%}")
         for name in r["not_killed"]:
             print(f"    not killed: {name}")
+        for name in r["stale"]:
+            print(f"    killed, but listed as equivalent in {EQUIVALENTS.name}: {name}")
     return rows
 
 
@@ -157,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the groups to run (default: all): {', '.join(GROUPS)}")
     parser.add_argument("--survivors", action="store_true",
                         help="test again only the mutants the last run of each group did not "
-                             "kill, with the checkout's tests (after adding tests)")
+                             "kill (but the listed equivalents), with the checkout's tests")
     parser.add_argument("--max-children", type=int, default=1,
                         help="mutants tested at once (default 1: the machine is shared)")
     args = parser.parse_args(argv)
@@ -169,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     for group in args.groups or list(GROUPS):
         again = args.survivors and (REPO / ".mutmut" / group / "mutants").exists()
         work = refresh(group) if again else prepare(group)
-        names = not_killed(work) if again else []
+        # the listed equivalents survive every run: testing them again only costs time
+        names = [n for n in not_killed(work) if n not in equivalents()] if again else []
         start = time.monotonic()
         if not again or names:
             subprocess.run([mutmut, "run", "--max-children", str(args.max_children), *names],

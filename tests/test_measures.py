@@ -103,3 +103,5 @@ def test_trial_objective():
     assert trial_objective([1.0, None]) is None and trial_objective([None]) is None
     assert trial_objective([]) is None
     assert type(trial_objective([1, 2])) is float
+    # never NaN (Optuna refuses it): a value that is not finite ranks the trial last
+    assert trial_objective([1.0, NAN]) == INF
