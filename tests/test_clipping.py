@@ -822,3 +822,30 @@ def test_global_norm_with_no_bound_is_no_clipping():
     assert float(stats["norm_before"]) == float(stats["norm_after"]) == 13.0
     out, stats = clipper_for("global_norm", {"max_norm": 1.0}, params)(grads, params)
     assert float(stats["norm_after"]) == pytest.approx(1.0) and float(stats["clipped"]) == 1.0
+
+
+def test_agc_skips_a_parameter_anywhere_in_the_list_and_at_the_bound_does_not_count():
+    """AGC by hand on rank-1 parameters (one unit each: the norm of the whole vector), λ = 0.5:
+    bound = λ · max(‖w‖, eps). An excluded parameter first in the list passes and the ones after
+    it are still clipped; a gradient exactly at its bound is unchanged and not counted."""
+    from gradexp.clipping.agc import adaptive_clip
+
+    w = variables([np.array([2.0, 0.0], np.float32), np.array([3.0, 4.0], np.float32)])
+    g = [tf.constant([1.0, 0.0]), tf.constant([6.0, 8.0])]  # norms 1 and 10; bounds 1 and 2.5
+    out, stats = adaptive_clip(g, w, 0.5, 1e-3, [True, False])
+    assert [o.numpy().tolist() for o in out] == [[1.0, 0.0], [1.5, 2.0]]  # × 2.5 / 10
+    assert float(stats["clipped"]) == 1.0
+    out, stats = adaptive_clip(g[:1], w[:1], 0.5, 1e-3, [False])  # ‖g‖ = 1 = its bound
+    assert out[0].numpy().tolist() == [1.0, 0.0] and float(stats["clipped"]) == 0.0
+    out, stats = adaptive_clip(g, w, 0.5, 1e-3, [True, True])  # every parameter excluded
+    assert [o.numpy().tolist() for o in out] == [[1.0, 0.0], [6.0, 8.0]]
+    assert float(stats["clipped"]) == 0.0 and float(stats["threshold"]) == 0.5
+
+
+def test_output_params_as_booleans_must_be_one_per_parameter():
+    from gradexp.clipping.common import output_paths, variable_path
+
+    params = variables([np.ones((3, 2), np.float32), np.ones((2,), np.float32)])
+    assert output_paths(params, [False, True]) == {variable_path(params[1])}
+    with pytest.raises(ValueError, match="^output_params: 1 booleans for 2 parameters$"):
+        output_paths(params, [True])
