@@ -849,3 +849,19 @@ def test_output_params_as_booleans_must_be_one_per_parameter():
     assert output_paths(params, [False, True]) == {variable_path(params[1])}
     with pytest.raises(ValueError, match="^output_params: 1 booleans for 2 parameters$"):
         output_paths(params, [True])
+
+
+def test_autoclip_history_evicts_the_oldest_norm_when_it_first_fills_and_on_a_tie():
+    """The sorted history by hand (size 3): after 1, 5, 3 it is full; the 4th norm, 2, evicts
+    the oldest (1), not the largest: [2, 3, 5]. Then 5 arrives while 5 is the oldest: a tie,
+    the history stays sorted, [2, 3, 5] (a minimum of 2 and a maximum of 5)."""
+    from gradexp.clipping.autoclip import NormHistory, percentile, record
+
+    history = NormHistory.create(3)
+    assert float(percentile(history, 50.0)) == np.inf  # empty: inf (clips nothing), not NaN
+    for norm in (1.0, 5.0, 3.0, 2.0):
+        record(history, tf.constant(norm), tf.constant(True))
+    assert history.ascending.numpy().tolist() == [2.0, 3.0, 5.0]
+    record(history, tf.constant(5.0), tf.constant(True))  # evicts 5 (the oldest), inserts 5
+    assert history.ascending.numpy().tolist() == [2.0, 3.0, 5.0]
+    assert float(percentile(history, 0.0)) == 2.0 and float(percentile(history, 100.0)) == 5.0
