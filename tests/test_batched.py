@@ -154,3 +154,12 @@ def test_the_stateless_update_is_kerass_update(make_cfg, optimizer):
     for theirs, mine in zip((*params, *keras_opt.variables), state, strict=True):
         np.testing.assert_array_equal(np.asarray(theirs.value), np.asarray(mine))
     assert int(state[len(params)]) == 3  # iterations
+
+
+def test_a_cnn_is_not_batched_its_convolutions_are_not_bit_for_bit(make_cfg):
+    """Measured: a batch of model=cnn runs leaves its separate runs' losses at step 3, so its
+    runs train one after another; the models that are bit for bit are batched."""
+    assert "model=cnn" in batched.why_separate(make_cfg("model=cnn", "dataset=digits"))
+    for model in (["model=mlp"], ["model=rnn", "dataset=adding"],
+                  ["model=transformer", "dataset=digits"]):
+        assert batched.why_separate(make_cfg(*model)) is None
