@@ -192,7 +192,8 @@ def test_the_statistics_weight_is_a_non_trainable_float32_zero_vector(dtype):
     assert stats.path.split("/")[-1] == "gradient_stats"
     bounds = layer.clip_bounds  # the bounds as data (runs of other bounds share one step)
     assert layer.trainable_weights == [] and layer.non_trainable_weights == [stats, bounds]
-    assert bounds.dtype == "float32" and bounds.numpy().tolist() == [np.float32(-0.1), np.float32(0.1)]
+    assert bounds.dtype == "float32"
+    assert bounds.numpy().tolist() == [np.float32(-0.1), np.float32(0.1)]
     one_sided = ClipGradient(None, 0.1, dtype=dtype)
     one_sided.build((2, 3))
     assert one_sided.clip_bounds.numpy().tolist() == [-np.inf, np.float32(0.1)]
