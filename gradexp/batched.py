@@ -230,7 +230,7 @@ def loop(runs: list[training.Run], loggers: list[logging.Logger]) -> list[traini
     t, K = runs[0].cfg.trainer, len(runs)
     iterator = iter(tf.data.Dataset.zip(tuple(run.train_batches for run in runs))
                     .map(lambda *pairs: tuple(tf.stack(part) for part in zip(*pairs, strict=True))))
-    histogram_batches = [iter(run.histogram_batches) for run in runs]
+    histogram_batches = [training.HistogramBatches(run.histogram_batches) for run in runs]
 
     def save(k):
         def checkpoint(step):
