@@ -149,8 +149,8 @@ class ClipGradient(keras.layers.Layer):
         low = float("-inf") if self.clip_min is None else self.clip_min
         high = float("inf") if self.clip_max is None else self.clip_max
         self.clip_bounds = self.add_weight(  # data, not program: see clip_gradient's `bounds`
-            name="clip_bounds", shape=(2,), trainable=False, dtype="float32",
-            initializer=lambda shape, dtype: tf.constant([low, high], dtype))
+            name="clip_bounds", shape=(2,), trainable=False, dtype="float32", autocast=False,
+            initializer=lambda shape, dtype: tf.constant([low, high], dtype))  # float32 always
 
     def call(self, x):
         return clip_gradient(

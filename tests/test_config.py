@@ -26,7 +26,7 @@ BAD = [
     # unknown options of groups
     (["optimizer=rmsprop"], "optimizer=rmsprop", "choose one of adam, sgd"),
     (["+experiment=nosuch"], "experiment=nosuch", "choose one of"),
-    (["hydra/launcher=nosuch"], "hydra/launcher=nosuch", "basic, joblib"),
+    (["hydra/launcher=nosuch"], "hydra/launcher=nosuch", "basic, gradexp, joblib"),
     # wrong types
     (["trainer.batch_size=1.5"], "trainer.batch_size=1.5", "converted to Integer"),
     (["trainer.jit_compile=maybe"], "trainer.jit_compile=maybe", "not a valid bool"),
