@@ -114,7 +114,7 @@ class Batch:
 
     def __init__(self, runs: list[training.Run]):
         template = runs[0].compiled
-        self.runs, self.template, self.names = runs, template, list(template.names)
+        self.template, self.names = template, list(template.names)
         self.variables = [run_variables(run.compiled) for run in runs]
         self.stacked = [tf.Variable(tf.stack([vs[i].value for vs in self.variables]),
                                     trainable=False, name=f"stacked_{i}")
