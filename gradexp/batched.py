@@ -122,10 +122,10 @@ class Batch:
         self.template_variables = self.variables[0]
         t = runs[0].cfg.trainer
         self.stop_at_divergence = t.on_divergence == "stop"
-        self.step_all = tf.function(self._step_all, jit_compile=t.jit_compile)
+        self.step_all = tf.function(self._step_all, jit_compile=t.jit_compile, autograph=False)
         self.train_steps = tf.function(self._train_steps)
         self.evaluate = tf.function(self._evaluate)
-        self.gradients = tf.function(self._gradients)
+        self.gradients = tf.function(self._gradients, autograph=False)
 
     def _scope(self, values):
         return keras.StatelessScope(list(zip(self.template_variables, values, strict=True)))

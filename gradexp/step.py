@@ -136,9 +136,9 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
 
     step_body = replica_step  # uncompiled: gradexp/batched.py traces it under vectorized_map
     if replicas > 1:  # XLA cannot compile the cross-replica sum: compile the replica's part
-        gradients_of = tf.function(gradients_of, jit_compile=t.jit_compile)
+        gradients_of = tf.function(gradients_of, jit_compile=t.jit_compile, autograph=False)
     else:
-        replica_step = tf.function(replica_step, jit_compile=t.jit_compile)
+        replica_step = tf.function(replica_step, jit_compile=t.jit_compile, autograph=False)
 
     def train_step(x, y):  # every replica returns the same measurements: keep the first's
         return strategy.experimental_local_results(strategy.run(replica_step, (x, y)))[0]
@@ -175,7 +175,7 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
                     "error_rate/val": errors / count}
         return {name: measured[name] for name in val_names}
 
-    @tf.function
+    @tf.function(autograph=False)
     def gradients(x, y, scope=None):  # for histograms only: the step itself stays lean
         sources = params if scope is None else [scope.get_current_value(v) for v in params]
         with tf.GradientTape() as tape:
