@@ -22,77 +22,23 @@ rejected: it changes the order of floating-point operations, and the default con
 one float32 rounding at step 5 into final losses 25-250% apart by step 1000.
 
 Runs that cannot share a step this way train one after another in this process instead
-(`why_separate`): parameter clipping with state (autoclip, zclip, adagc), trainer.on_spike=skip,
-mixed precision, a distribution strategy, deterministic=true (its promise is the separate
-run's program, so it gets that program), and model=cnn (not bit for bit: NOT_BIT_EXACT).
+(gradexp/grouping.py's `why_separate`): parameter clipping with state (autoclip, zclip,
+adagc), trainer.on_spike=skip, mixed precision, a distribution strategy, deterministic=true
+(its promise is the separate run's program, so it gets that program), and model=cnn (not bit
+for bit: NOT_BIT_EXACT).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from pathlib import Path
-
-from omegaconf import DictConfig
 
 from gradexp import train as training
 from gradexp._tf import keras, tf
+from gradexp.grouping import Job, why_separate
 from gradexp.measures import diverged
 
 log = logging.getLogger("gradexp")
-
-
-@dataclass(frozen=True)
-class Job:
-    """One run of a batch: its config, directory, overrides and log file name."""
-
-    cfg: DictConfig
-    run_dir: Path
-    overrides: list
-    log_name: str = "train.log"
-
-
-def why_separate(cfg: DictConfig) -> str | None:
-    """Why runs of `cfg` cannot be batched (None: they can), from the config alone."""
-    if cfg.deterministic:
-        return "deterministic=true: each run is its own program, bit for bit"
-    if cfg.strategy != "none":
-        return f"strategy={cfg.strategy}"
-    if cfg.precision != "float32":
-        return f"precision={cfg.precision}"
-    if cfg.trainer.on_spike != "none":
-        return f"trainer.on_spike={cfg.trainer.on_spike}"
-    if cfg.model.name in NOT_BIT_EXACT:
-        return f"model={cfg.model.name}: {NOT_BIT_EXACT[cfg.model.name]}"
-    return None
-
-
-# Models whose step, looped over runs inside the compiled program, does not give the separate
-# run's numbers bit for bit (measured: metrics.csv of 2 seeds x 60-100 steps against the basic
-# launcher's; mlp, rnn with each cell and transformer are byte-equal).
-NOT_BIT_EXACT = {"cnn": "XLA compiles its convolutions inside the batch's loop to another order "
-                        "of floating-point operations (losses apart from step 3)"}
-
-
-# Keys whose values are data of the compiled step, not program: the seed (initial weights,
-# data order), the clip layers' bounds (a weight of each layer: gradexp/layers.py) and the
-# learning rate (a variable of the optimizer). Runs that differ only in these share one step.
-DATA_KEYS = ("seed", "clip", "layer.clip_min", "layer.clip_max", "optimizer.learning_rate")
-
-
-def group_key(cfg: DictConfig) -> str:
-    """Runs with equal keys share one compiled step: their configs differ only in DATA_KEYS."""
-    from omegaconf import OmegaConf
-
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    for key in DATA_KEYS:
-        *path, last = key.split(".")
-        node = plain
-        for part in path:
-            node = node[part]
-        node.pop(last, None)
-    return repr(sorted(plain.items(), key=lambda kv: kv[0]))
 
 
 def run_logger(job: Job) -> logging.Logger:
@@ -124,7 +70,7 @@ class Batch:
         self.stop_at_divergence = t.on_divergence == "stop"
         self.step_all = tf.function(self._step_all, jit_compile=t.jit_compile, autograph=False)
         self.train_steps = tf.function(self._train_steps)
-        self.evaluate = tf.function(self._evaluate)
+        self.evaluate = tf.function(self._evaluate, autograph=False)
         self.gradients = tf.function(self._gradients, autograph=False)
 
     def _scope(self, values):
@@ -170,9 +116,9 @@ class Batch:
                                             isfinite=tf.math.is_finite)
         return rows.stack(), done
 
-    def _evaluate(self, k, val_batches):
+    def _evaluate(self, k, x_val, y_val):
         with self._scope([tf.gather(v, k) for v in self.stacked]):
-            return self.template.evaluate.python_function(val_batches)
+            return self.template.evaluate.python_function(x_val, y_val)
 
     def _gradients(self, k, x, y):
         with self._scope([tf.gather(v, k) for v in self.stacked]) as scope:
@@ -198,7 +144,7 @@ def train(jobs: list[Job]) -> list[dict]:
     if reason is not None:
         if len(jobs) > 1:
             log.info("%d runs train one after another: %s", len(jobs), reason)
-        return [training.train(job.cfg, job.run_dir, job.overrides) for job in jobs]
+        return [alone(job) for job in jobs]
     arrays = data.load(jobs[0].cfg.dataset)
     runs = [training.start(job.cfg, job.run_dir, job.overrides, arrays=arrays,
                            free_memory=k == 0) for k, job in enumerate(jobs)]
@@ -221,6 +167,18 @@ def train(jobs: list[Job]) -> list[dict]:
     return summaries
 
 
+def alone(job: Job) -> dict:
+    """One run trained on its own; a crash is recorded in its summary.json, as a sweep's."""
+    from gradexp import rundir
+
+    try:
+        return training.train(job.cfg, job.run_dir, job.overrides)
+    except Exception as exc:
+        message = training.record_failure(exc, job.cfg, job.run_dir, job.overrides)
+        log.error("run failed: %s (%s)", message or repr(exc), job.run_dir)
+        return {"status": rundir.FAILED}
+
+
 def loop(runs: list[training.Run], loggers: list[logging.Logger]) -> list[training.LoopResult]:
     """train.loop for K runs at once: one compiled call advances every run still going, then
     each run's Tracker does its bookkeeping on its own rows."""
@@ -240,7 +198,7 @@ def loop(runs: list[training.Run], loggers: list[logging.Logger]) -> list[traini
 
     trackers = [training.Tracker(
         t, batch.names, run.compiled.val_names, run.runlog, run.step,
-        evaluate=lambda k=k: batch.evaluate(tf.constant(k), runs[k].val_batches),
+        evaluate=lambda k=k: batch.evaluate(tf.constant(k), *runs[k].validation),
         gradients=lambda k=k: batch.gradients(tf.constant(k), *next(histogram_batches[k])),
         save=save(k), logger=loggers[k]) for k, run in enumerate(runs)]
     for run, logger in zip(runs, loggers, strict=True):

@@ -21,8 +21,8 @@ alike. The last line printed is one JSON object:
     determinism_cost      time per step with deterministic=true ÷ without (separate processes:
                           op determinism is for the whole process)
     flop_fraction         the compute-bound MLP's FLOP rate ÷ a 2048² tf.matmul's
-    sweep_speedup, sweep_step_fraction (_rnn): basic launcher ÷ hydra/launcher=gradexp on a
-                          10-run sweep, and its share in steps (gradexp/bench_sweeps.py, alone)
+    sweep_speedup, sweep_step_fraction (_rnn, _one_worker): basic launcher ÷ hydra/launcher=
+                          gradexp on a 10-run sweep, its share in steps (gradexp/bench_sweeps.py)
 
 and the raw steps/s behind each ratio. "gradexp's steps/s" is the run's own figure: steps after
 the first compiled call (which traces) over the wall time to the end of the loop, logging,
@@ -64,10 +64,8 @@ def compose_cfg(steps: int, *overrides: str):
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=[
-            f"trainer.steps={steps}", f"trainer.eval_every={steps}",
-            "trainer.checkpoint_every=0", *EXTRA,
-            *overrides])
+        return compose("config", overrides=[f"trainer.steps={steps}", f"trainer.eval_every={steps}",
+                                            "trainer.checkpoint_every=0", *EXTRA, *overrides])
 
 
 # ----------------------------------------------------------------------------- the variants
@@ -88,8 +86,8 @@ def _setup(cfg):
     keras.utils.set_random_seed(cfg.seed)
     devices.precision(cfg.precision)
     arrays = data.load(cfg.dataset)
-    train_batches, val_batches = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed)
-    return arrays, train_batches, val_batches
+    train_batches, validation = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed)
+    return arrays, train_batches, validation
 
 
 def unlogged_steps_per_s(cfg) -> float:
@@ -99,18 +97,18 @@ def unlogged_steps_per_s(cfg) -> float:
     from gradexp._tf import tf
     from gradexp.step import compile_step
 
-    arrays, train_batches, val_batches = _setup(cfg)
+    arrays, train_batches, validation = _setup(cfg)
     strategy = devices.strategy(cfg.strategy)
     compiled = compile_step(cfg, arrays, strategy)
     iterator = iter(strategy.experimental_distribute_dataset(train_batches))
     n = tf.constant(cfg.trainer.log_every)
     compiled.train_steps(iterator, n).numpy()  # traces
-    compiled.evaluate.get_concrete_function(val_batches)
+    compiled.evaluate.get_concrete_function(*validation)
     calls = max(1, cfg.trainer.steps // cfg.trainer.log_every - 1)
     start = time.perf_counter()
     for _ in range(calls):
         compiled.train_steps(iterator, n).numpy()
-    compiled.evaluate(val_batches)["loss/val"].numpy()  # the run's one evaluation, at its end
+    compiled.evaluate(*validation)["loss/val"].numpy()  # the run's one evaluation, at its end
     return calls * cfg.trainer.log_every / (time.perf_counter() - start)
 
 
@@ -127,9 +125,10 @@ def _model_and_loss(cfg, arrays):
 def bare_loop_steps_per_s(cfg) -> float:
     """The textbook custom loop: one tf.function call per step, forward, backward, update,
     nothing logged; and the one evaluation at the end that the run it is compared with makes."""
+    from gradexp import data
     from gradexp._tf import tf
 
-    arrays, train_batches, val_batches = _setup(cfg)
+    arrays, train_batches, (x_val, y_val) = _setup(cfg)
     model, optimizer, per_example_loss = _model_and_loss(cfg, arrays)
     params = model.trainable_variables
     optimizer.build(params)
@@ -144,7 +143,8 @@ def bare_loop_steps_per_s(cfg) -> float:
     @tf.function
     def evaluate():
         total = 0.0
-        for x, y in val_batches:
+        for start in range(0, len(x_val), data.VAL_BATCH):
+            x, y = x_val[start:start + data.VAL_BATCH], y_val[start:start + data.VAL_BATCH]
             total += tf.reduce_sum(per_example_loss(y, model(x, training=False)))
         return total
 

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from gradexp import clipping, config, models, optimizers, telemetry
 from gradexp._tf import keras, tf
+from gradexp.data import VAL_BATCH
 from gradexp.measures import diverged
 from gradexp.spikes import SpikeDetector
 
@@ -25,7 +26,7 @@ from gradexp.spikes import SpikeDetector
 class CompiledStep:
     """What a run trains with. `train_steps(iterator, n)`: up to n steps in one call, one row
     of `names` per step (it stops after a step that diverged when the run stops there);
-    `evaluate(val_batches)`: {name: value for name in `val_names`} over one pass of a dataset
+    `evaluate(x_val, y_val)`: {name: value for name in `val_names`} over a validation set
     (loss/val, accuracy/val, and error_rate/val where the dataset has an error threshold);
     `gradients(x, y)`: {"gradients/<variable path>": gradient}, for histograms;
     `step_body(x, y, scope)`: one step on the state a keras.StatelessScope holds."""
@@ -156,11 +157,13 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
                 break
         return rows.stack()
 
-    @tf.function
-    def evaluate(val_batches):
-        """Mean loss, accuracy (classes) and error rate = #{squared error > threshold} / n."""
-        loss_sum, correct, errors, count = 0.0, 0.0, 0.0, 0.0
-        for x, y in val_batches:
+    @tf.function(autograph=False)
+    def evaluate(x_val, y_val):
+        """Mean loss, accuracy (classes) and error rate = #{squared error > threshold} / n, over
+        the validation set, data.VAL_BATCH examples per forward pass."""
+        loss_sum, correct, errors, count = 0.0, 0.0, 0.0, x_val.shape[0]
+        for start in range(0, count, VAL_BATCH):
+            x, y = x_val[start:start + VAL_BATCH], y_val[start:start + VAL_BATCH]
             outputs = model(x, training=False)
             losses = per_example_loss(y, outputs)
             loss_sum += tf.reduce_sum(losses)
@@ -169,7 +172,6 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
                 correct += tf.reduce_sum(tf.cast(predicted == y, tf.float32))
             if error_threshold:
                 errors += tf.reduce_sum(tf.cast(losses > error_threshold, tf.float32))
-            count += tf.cast(tf.shape(y)[0], tf.float32)
         accuracy = correct / count if arrays.num_classes is not None else float("nan")
         measured = {"loss/val": loss_sum / count, "accuracy/val": accuracy,
                     "error_rate/val": errors / count}

@@ -50,10 +50,7 @@ def run(cfg: DictConfig) -> dict:
     try:
         summary = train(cfg, run_dir, overrides, resume=resume)
     except Exception as exc:
-        write_json(run_dir / rundir.SUMMARY, {
-            "status": rundir.FAILED, "error": f"{type(exc).__name__}: {exc}",
-            "config": OmegaConf.to_container(cfg), "overrides": overrides})
-        message = config.explain(exc)  # bad input found late, e.g. a dataset file missing
+        message = record_failure(exc, cfg, run_dir, overrides)
         if hydra_cfg.mode == RunMode.MULTIRUN:
             log.error("run failed: %s (%s)", message or repr(exc), run_dir)
             return {"status": rundir.FAILED}
@@ -68,6 +65,15 @@ def run(cfg: DictConfig) -> dict:
             scheduler(stopped_by, None)  # submitit's SIGUSR2: requeue this job, then exit
         raise SystemExit(128 + stopped_by)
     return summary
+
+
+def record_failure(exc: Exception, cfg: DictConfig, run_dir: Path, overrides) -> str | None:
+    """Record a run's crash in its summary.json; return the one-line explanation of bad input
+    found late (e.g. a dataset file missing), None for a bug."""
+    write_json(run_dir / rundir.SUMMARY, {
+        "status": rundir.FAILED, "error": f"{type(exc).__name__}: {exc}",
+        "config": OmegaConf.to_container(cfg), "overrides": list(overrides)})
+    return config.explain(exc)
 
 
 def rundir_action(run_dir: Path, cfg: DictConfig) -> str:
@@ -141,7 +147,7 @@ class Run:
     state: object  # gradexp.checkpoints.RunState
     step: int
     train_batches: object
-    val_batches: object
+    validation: tuple  # (x_val, y_val) tensors
     histogram_batches: object  # the training stream again, read without prefetching
     runlog: object  # gradexp.logs.RunLog
 
@@ -170,14 +176,14 @@ def start(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     compiled = compile_step(cfg, arrays, strategy)
     state = RunState(run_dir, compiled.model, compiled.optimizer, compiled.state_variables)
     step = state.restore() if resume else 0
-    train_batches, val_batches = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed,
+    train_batches, validation = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed,
                                                 start_step=step)
-    histogram_batches, _ = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed,
-                                          start_step=step, ahead=False)
+    histogram_batches = data.training_batches(arrays, cfg.trainer.batch_size, cfg.seed,
+                                              start_step=step, ahead=False)
     runlog = RunLog(run_dir, list(compiled.names), cfg, start_step=step,
                     val_names=compiled.val_names)
     return Run(cfg, run_dir, list(overrides), started, where, strategy, compiled, state, step,
-               train_batches, val_batches, histogram_batches, runlog)
+               train_batches, validation, histogram_batches, runlog)
 
 
 def finish(run: Run, result: LoopResult, logger: logging.Logger = log,
@@ -296,11 +302,11 @@ def loop(run: Run) -> LoopResult:
     t, compiled, strategy = run.cfg.trainer, run.compiled, run.strategy
     iterator = iter(strategy.experimental_distribute_dataset(run.train_batches))
     histogram_batches = HistogramBatches(run.histogram_batches)
-    compiled.evaluate.get_concrete_function(run.val_batches)  # trace now: steps/s = steady
+    compiled.evaluate.get_concrete_function(*run.validation)  # trace now: steps/s = steady
     if t.histogram_every:
         compiled.gradients(*next(iter(run.train_batches)))  # the first call also optimizes
     tracker = Tracker(t, compiled.names, compiled.val_names, run.runlog, run.step,
-                      evaluate=lambda: compiled.evaluate(run.val_batches),
+                      evaluate=lambda: compiled.evaluate(*run.validation),
                       gradients=lambda: compiled.gradients(*next(histogram_batches)),
                       save=run.state.save)
     with stop_requests() as stop:

@@ -4,13 +4,17 @@ made alone, byte for byte."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_sweep_resume import rows, start, summary_of, the_sweep, wait_for
 from test_sweeps import runs, sweep
 
-from gradexp import batched
+from conftest import gradexp
+from gradexp import batched, grouping
 from gradexp import train as training
 
 # the launcher and the step as shipped (XLA on), short and narrow
@@ -46,7 +50,7 @@ def train_alone_and_batched(make_cfg, tmp_path, overrides, seeds):
     for s, cfg in zip(seeds, cfgs, strict=True):
         for kind in ("alone", "batch"):
             (tmp_path / kind / str(s)).mkdir(parents=True)
-        jobs.append(batched.Job(cfg, tmp_path / "batch" / str(s), [f"seed={s}"]))
+        jobs.append(grouping.Job(cfg, tmp_path / "batch" / str(s), [f"seed={s}"]))
     together = batched.train(jobs)
     alone = [training.train(cfg, tmp_path / "alone" / str(s), [f"seed={s}"])
              for s, cfg in zip(seeds, cfgs, strict=True)]
@@ -102,7 +106,7 @@ def test_runs_of_other_bounds_and_learning_rates_share_one_batch(make_cfg, tmp_p
         cfg = make_cfg(*quick, *s)
         for kind in ("alone", "batch"):
             (tmp_path / kind / str(i)).mkdir(parents=True)
-        jobs.append(batched.Job(cfg, tmp_path / "batch" / str(i), s))
+        jobs.append(grouping.Job(cfg, tmp_path / "batch" / str(i), s))
         alone.append(training.train(cfg, tmp_path / "alone" / str(i), s))
     together = batched.train(jobs)
     assert "training 3 runs as one batch" in caplog.text
@@ -159,7 +163,55 @@ def test_the_stateless_update_is_kerass_update(make_cfg, optimizer):
 def test_a_cnn_is_not_batched_its_convolutions_are_not_bit_for_bit(make_cfg):
     """Measured: a batch of model=cnn runs leaves its separate runs' losses at step 3, so its
     runs train one after another; the models that are bit for bit are batched."""
-    assert "model=cnn" in batched.why_separate(make_cfg("model=cnn", "dataset=digits"))
+    assert "model=cnn" in grouping.why_separate(make_cfg("model=cnn", "dataset=digits"))
     for model in (["model=mlp"], ["model=rnn", "dataset=adding"],
                   ["model=transformer", "dataset=digits"]):
-        assert batched.why_separate(make_cfg(*model)) is None
+        assert grouping.why_separate(make_cfg(*model)) is None
+
+
+# long enough that a signal sent once 40 rows are on disk lands mid-run (20-step calls)
+STOPPABLE = ["hydra/launcher=gradexp", "clip=null,0.1", "seed=0", "trainer.steps=1500",
+             "trainer.log_every=20", "trainer.eval_every=500", "trainer.histogram_every=0",
+             "trainer.checkpoint_every=500", "model.width=16", "trainer.jit_compile=false"]
+
+
+def worker_of(process) -> int:
+    """The pid of the launcher's worker process (gradexp/worker.py): its one child."""
+    (child,) = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+    return int(child)
+
+
+def test_a_stopped_batch_resumes_and_a_dead_worker_s_runs_train_again(tmp_path):
+    """SIGTERM: every run of the batch checkpoints, is interrupted, and `resume=<sweep dir>`
+    finishes them; the worker killed (as by the OOM killer): its runs are trained again one by
+    one. Both sweeps end with the metrics of the one that was left alone, byte for byte."""
+    whole = start(tmp_path / "whole", "-m", *STOPPABLE)
+    for what in ("stopped", "killed"):
+        process = start(tmp_path / what, "-m", *STOPPABLE)
+        run = wait_for(lambda w=what: next((tmp_path / w).glob("outputs/multirun/*/*/1"), None),
+                       process, "the second run's directory")
+        wait_for(lambda r=run: rows(r / "metrics.csv") > 40, process, "rows")
+        if what == "stopped":
+            process.send_signal(signal.SIGTERM)
+        else:
+            os.kill(worker_of(process), signal.SIGKILL)
+        out, err = process.communicate(timeout=300)
+        sweep_dir = the_sweep(tmp_path / what)
+        if what == "stopped":
+            assert process.returncode == 128 + signal.SIGTERM, err
+            for r in ("0", "1"):
+                summary = summary_of(sweep_dir / r)
+                assert summary["status"] == "interrupted" and summary["stopped_by"] == "SIGTERM"
+                assert 40 < summary["steps"] < 1500
+            resumed = gradexp("gradexp.train", f"resume={sweep_dir}", cwd=tmp_path, timeout=600)
+            assert resumed.returncode == 0, resumed.stderr
+            assert "sweep: 2 runs (2 completed)" in resumed.stdout
+        else:
+            assert process.returncode == 0, err
+            assert "the batch of 2 runs failed (WorkerDied" in err + out
+            assert "sweep: 2 runs (2 completed)" in out
+    assert whole.wait(timeout=600) == 0
+    for what in ("stopped", "killed"):
+        for r in ("0", "1"):
+            assert summary_of(the_sweep(tmp_path / what) / r)["steps"] == 1500
+            same_files(the_sweep(tmp_path / "whole") / r, the_sweep(tmp_path / what) / r)

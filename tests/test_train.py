@@ -183,8 +183,8 @@ def test_the_error_rate_counts_sequences_whose_squared_error_exceeds_the_thresho
     # the same count from the model's predictions
     arrays = data.load(cfg.dataset)
     compiled = compile_step(cfg, arrays, tf.distribute.get_strategy())
-    _, val = data.pipelines(arrays, 20, cfg.seed)
+    val = data.validation_set(arrays)
     predicted = compiled.model.predict(arrays.x_val, verbose=0)[:, 0]
     expected = np.mean((predicted - arrays.y_val) ** 2 > 0.04)
-    assert float(compiled.evaluate(val)["error_rate/val"]) == pytest.approx(expected, abs=1e-6)
+    assert float(compiled.evaluate(*val)["error_rate/val"]) == pytest.approx(expected, abs=1e-6)
     assert 0.0 < expected < 1.0

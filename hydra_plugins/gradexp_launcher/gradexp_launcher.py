@@ -1,12 +1,15 @@
 """`hydra/launcher=gradexp`: a sweep's jobs grouped by structure, each group trained as one batch.
 
-Jobs whose configs differ only in their seed form a group (gradexp.batched.group_key); a group
-of runs that can share a compiled step trains as one batch of at most `max_batch` runs, one
-dispatch per step for all of them; others train one after another, as Hydra's basic launcher
-would run them. Every job is set up by Hydra's own `run_job` (output directory, .hydra/,
-logging, callbacks), so its run directory is the one a separate run leaves: summary.json,
-metrics.csv, event files, checkpoints, train.log. A job that finds its run in its directory
-(a requeued or resumed sweep) keeps it or resumes it on its own, as `gradexp.train.run` does.
+Jobs whose configs differ only in data of the compiled step (seed, clip bounds, learning rate)
+form a group (gradexp/grouping.py); a group of runs that can share a compiled step trains as one
+batch of at most `max_batch` runs, one dispatch per step for all of them; others train one after
+another, as Hydra's basic launcher would run them. Batches train in worker processes forked when
+the sweep starts (gradexp/worker.py), which import TensorFlow while this one composes the jobs;
+`workers` of them train at once (a group is split while there are fewer batches than workers).
+Every job is set up here by Hydra's own `run_job` (output directory, .hydra/, logging,
+callbacks), so its run directory is the one a separate run leaves: summary.json, metrics.csv,
+event files, checkpoints, train.log. A job that finds its run in its directory (a requeued or
+resumed sweep) keeps it or resumes it on its own, in this process, as `gradexp.train.run` does.
 
 If a batch fails as a whole (an exception in the shared program), its runs are cleared and
 trained one by one, so that each run's failure, if any, is its own. SIGINT/SIGTERM: every run
@@ -24,7 +27,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
 PENDING = {"status": "pending"}  # set up, to train in its batch
@@ -34,6 +37,7 @@ PENDING = {"status": "pending"}  # set up, to train in its batch
 class GradexpLauncherConf:
     _target_: str = "hydra_plugins.gradexp_launcher.gradexp_launcher.GradexpLauncher"
     max_batch: int = 32  # runs trained together at most (memory: K copies of model and data)
+    workers: int = 1  # batches trained at once, each in its own process (a CPU core or GPU each)
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="gradexp", node=GradexpLauncherConf,
@@ -41,17 +45,21 @@ ConfigStore.instance().store(group="hydra/launcher", name="gradexp", node=Gradex
 
 
 class GradexpLauncher(Launcher):
-    def __init__(self, max_batch: int = 32) -> None:
-        if max_batch < 1:
-            raise ValueError(f"hydra.launcher.max_batch={max_batch}: must be at least 1")
-        self.max_batch = max_batch
+    def __init__(self, max_batch: int = 32, workers: int = 1) -> None:
+        for key, value in (("max_batch", max_batch), ("workers", workers)):
+            if value < 1:
+                raise ValueError(f"hydra.launcher.{key}={value}: must be at least 1")
+        self.max_batch, self.workers = max_batch, workers
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
+        from gradexp import worker
+
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        worker.start(self.workers)  # if gradexp.worker.Prestart has not (no such callback)
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
@@ -70,71 +78,89 @@ class GradexpLauncher(Launcher):
         log.info("Launching %d jobs in %d groups, sweep output dir: %s", len(configs),
                  len(groups), self.config.hydra.sweep.dir)
         returns: dict[int, JobReturn] = {}
+        batches: list[list[int]] = []  # the jobs of each group that start afresh
+        for c in configs:  # before run_job points the log at a job's file
+            log.info("\t#%d : %s", c.hydra.job.num,
+                     " ".join(filter_overrides(c.hydra.overrides.task)))
         for group in groups:
             for i in group:
-                log.info("\t#%d : %s", configs[i].hydra.job.num,
-                         " ".join(filter_overrides(configs[i].hydra.overrides.task)))
-            returns.update(self.launch_group([configs[i] for i in group], group))
+                returns[i] = self.run(configs[i], self.set_up)
+            batches.append([i for i in group if returns[i].status.name == "COMPLETED"
+                            and returns[i].return_value is PENDING])
+        self.train([b for b in batches if b], configs, returns)
         return [returns[i] for i in range(len(configs))]
 
     def groups(self, configs: list[DictConfig]) -> list[list[int]]:
-        """Job indices by structure, in order of first appearance, split at max_batch."""
-        from gradexp.batched import group_key
+        """Job indices by structure, in order of first appearance, split at max_batch, and
+        split further while there are fewer batches than workers."""
+        from gradexp.grouping import group_key
 
         by_key: dict[str, list[int]] = {}
         for i, c in enumerate(configs):
             by_key.setdefault(group_key(task_config(c)), []).append(i)
-        return [g[j:j + self.max_batch] for g in by_key.values()
-                for j in range(0, len(g), self.max_batch)]
+        groups = [g[j:j + self.max_batch] for g in by_key.values()
+                  for j in range(0, len(g), self.max_batch)]
+        while len(groups) < self.workers and max(map(len, groups)) > 1:
+            largest = max(groups, key=len)
+            at = groups.index(largest)
+            groups[at:at + 1] = [largest[:len(largest) // 2], largest[len(largest) // 2:]]
+        return groups
 
     def run(self, config: DictConfig, task_function: TaskFunction) -> JobReturn:
         return run_job(hydra_context=self.hydra_context, task_function=task_function,
                        config=config, job_dir_key="hydra.sweep.dir",
                        job_subdir_key="hydra.sweep.subdir")
 
-    def launch_group(self, configs: list[DictConfig], indices: list[int]) -> dict[int, JobReturn]:
-        """Set each job up through run_job; train the ones that start afresh as one batch."""
-        from gradexp import batched, rundir
+    def set_up(self, cfg: DictConfig):
+        """A job's task here: its run directory set up by run_job, the run left to its batch
+        (PENDING) when it starts afresh; a run found in its directory is kept or resumed."""
+        from hydra.core.hydra_config import HydraConfig
 
-        def set_up(cfg: DictConfig):
-            from hydra.core.hydra_config import HydraConfig
+        from gradexp import rundir
 
-            run_dir = Path(HydraConfig.get().runtime.output_dir)
-            if len(configs) > 1 and rundir.restart_action(run_dir) == rundir.START:
-                return PENDING
-            return self.task_function(cfg)  # alone, or a run found in its directory
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        if rundir.restart_action(run_dir) == rundir.START:
+            return PENDING
+        return self.task_function(cfg)
 
-        returns = {i: self.run(c, set_up) for i, c in zip(indices, configs, strict=True)}
-        pending = [i for i in indices if returns[i].status.name == "COMPLETED"
-                   and returns[i].return_value is PENDING]
-        if not pending:
-            return returns
-        jobs = [batched.Job(r.cfg, Path(r.hydra_cfg.hydra.runtime.output_dir), list(r.overrides),
-                            f"{r.hydra_cfg.hydra.job.name}.log")
-                for r in (returns[i] for i in pending)]
+    def train(self, batches: list[list[int]], configs: list[DictConfig],
+              returns: dict[int, JobReturn]) -> None:
+        """Train the batches in the workers (gradexp/worker.py); a batch that failed as a whole
+        is trained again one run at a time, here."""
+        from gradexp import rundir, worker
+        from gradexp.grouping import Job
+
+        if not batches:
+            return
         for handler in list(logging.getLogger().handlers):  # the last job's log file
             if isinstance(handler, logging.FileHandler):
                 logging.getLogger().removeHandler(handler)
                 handler.close()
-        try:
-            summaries = batched.train(jobs)
-        except Exception as exc:  # the shared program failed: each run on its own, from step 0
-            log.error("the batch of %d runs failed (%s: %s); training them one by one",
-                      len(jobs), type(exc).__name__, exc)
-            for i, job in zip(pending, jobs, strict=True):
-                rundir.clear_run(job.run_dir)
-                returns[i] = self.run(configs[indices.index(i)], self.task_function)
-            return returns
-        for i, summary in zip(pending, summaries, strict=True):
-            returns[i].return_value = summary
-        stopped = [s["stopped_by"] for s in summaries if s["status"] == rundir.INTERRUPTED]
-        if stopped:  # asked to stop: the sweep stops after this batch, as after a run
+        jobs = [[Job(returns[i].cfg, Path(returns[i].hydra_cfg.hydra.runtime.output_dir),
+                     list(returns[i].overrides), f"{returns[i].hydra_cfg.hydra.job.name}.log")
+                 for i in batch] for batch in batches]
+        job_logging = OmegaConf.to_container(
+            returns[batches[0][0]].hydra_cfg.hydra.job_logging, resolve=True)
+        results = worker.train(jobs, job_logging)
+        if any(isinstance(r, KeyboardInterrupt) for r in results):
+            raise KeyboardInterrupt
+        stopped = []
+        for batch, batch_jobs, result in zip(batches, jobs, results, strict=True):
+            if isinstance(result, Exception):  # each run on its own, from step 0
+                log.error("the batch of %d runs failed (%s: %s); training them one by one",
+                          len(batch), type(result).__name__, result)
+                for i, job in zip(batch, batch_jobs, strict=True):
+                    rundir.clear_run(job.run_dir)
+                    returns[i] = self.run(configs[i], self.task_function)
+                continue
+            for i, summary in zip(batch, result or [], strict=False):
+                returns[i].return_value = summary
+                if summary["status"] == rundir.INTERRUPTED:
+                    stopped.append(summary["stopped_by"])
+        if stopped:  # asked to stop: the sweep stops, as after a run
             raise SystemExit(128 + signal.Signals[stopped[0]])
-        return returns
 
 
 def task_config(sweep_config: DictConfig) -> DictConfig:
     """A job's config without its hydra node (what the task function gets)."""
-    from omegaconf import OmegaConf
-
     return OmegaConf.masked_copy(sweep_config, [k for k in sweep_config if k != "hydra"])
