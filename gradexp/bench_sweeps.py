@@ -1,20 +1,23 @@
 """The bench's sweep measurements: part of `python -m gradexp.bench`'s full run, or alone with
-`python -m gradexp.bench_sweeps [--repeats N] [--no-rnn]` (about 3 minutes a round on 2 cores
-for the MLP sweep, 8 with the RNN's).
+`python -m gradexp.bench_sweeps [--repeats N] [--no-rnn]` (about 2.5 minutes a round on 2 cores
+for the MLP sweep, 6 with the RNN's).
 
 A clipping sweep of small runs, launched as a user launches it, with Hydra's basic launcher and
-with gradexp's own (`hydra/launcher=gradexp`, gradexp/batched.py), taking turns:
+with gradexp's own (`hydra/launcher=gradexp`: gradexp/batched.py, gradexp/worker.py) with one
+worker process and with two (a group of runs split into two batches, one per core), taking
+turns:
 
     sweep_speedup        wall time of `python -m gradexp.train -m clip=null,0.1 seed=0,1,2,3,4`
                          (10 runs of the default MLP, 1000 steps) with the basic launcher ÷
-                         with hydra/launcher=gradexp, from launch to exit
-    sweep_step_fraction  the share of the gradexp sweep's wall time spent in training steps:
-                         Σ steps ÷ steps/s over the runs trained alone and, once per batch, its
-                         longest run, each at its own steady rate (logging and evaluation
-                         included; the first call, which traces and compiles, is start-up)
-    sweep_speedup_rnn    sweep_speedup on the exploding-RNN preset (+experiment=exploding_rnn,
+                         with hydra/launcher=gradexp (one worker: measured the faster on 2
+                         cores), from launch to exit; `_two_workers`: with workers=2
+    sweep_step_fraction  the share of that sweep's wall time in which training steps run: the
+                         union over its runs of [end of the first compiled call, last step] (the
+                         first call traces and compiles: start-up), read from each run's
+                         train.log (logging and evaluation in between included)
+    sweep_speedup_rnn    the same two on the exploding-RNN preset (+experiment=exploding_rnn,
     sweep_step_fraction_rnn   clip layer in the recurrence, 4000 steps; its clip=null runs
-                         diverge within 20 steps), and its step fraction
+                         diverge within 20 steps)
 """
 
 from __future__ import annotations
@@ -25,15 +28,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 SWEEP = ["clip=null,0.1", "seed=0,1,2,3,4"]
 RNN = ["+experiment=exploding_rnn", "layer.positions=[rnn_1_state]"]
-LAUNCHERS = {"basic": [], "gradexp": ["hydra/launcher=gradexp"]}
+GRADEXP = ["hydra/launcher=gradexp"]
+LAUNCHERS = {"basic": [], "gradexp": [*GRADEXP, "hydra.launcher.workers=1"],
+             "two_workers": [*GRADEXP, "hydra.launcher.workers=2"]}
 
 
 def timed_sweep(args: list[str]) -> tuple[float, float]:
-    """(wall seconds, seconds in training steps) of `python -m gradexp.train -m <args>`."""
+    """(wall seconds, seconds in which training steps run) of `python -m gradexp.train -m
+    <args>`."""
     with tempfile.TemporaryDirectory() as root:
         start = time.perf_counter()
         result = subprocess.run([sys.executable, "-m", "gradexp.train", "-m", *args,
@@ -41,31 +48,44 @@ def timed_sweep(args: list[str]) -> tuple[float, float]:
         wall = time.perf_counter() - start
         if result.returncode != 0:
             raise RuntimeError(f"sweep {' '.join(args)} failed:\n{result.stderr[-2000:]}")
-        summaries = [json.loads(p.read_text()) for p in Path(root).glob("sweep/*/summary.json")]
-    per_batch: dict[str, float] = {}  # a batch's steps take as long as its longest run's
-    for s in summaries:
-        if s.get("steps_per_s"):
-            key = s.get("batch", {}).get("first", id(s))
-            per_batch[key] = max(per_batch.get(key, 0.0), s["steps"] / s["steps_per_s"])
-    return wall, sum(per_batch.values())
+        intervals = [stepping(log) for log in Path(root).glob("sweep/*/train.log")]
+    return wall, union_length([i for i in intervals if i is not None])
+
+
+def stepping(log: Path) -> tuple[float, float] | None:
+    """[end of the first compiled call, last step] of a run, from its train.log's progress lines
+    ("[<time>] step <n>/<steps> ..."); None for a run with fewer than two."""
+    times = [datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+             for line in log.read_text().splitlines() if line[26:31] == "step "]
+    return (times[0], times[-1]) if len(times) > 1 else None
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of [a, b] intervals."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        total += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return total
 
 
 def sweep_speed(overrides: list[str], repeats: int, suffix: str = "") -> dict[str, float]:
-    """The two launchers on one sweep, `repeats` rounds taking turns; medians compared."""
+    """The launchers on one sweep, `repeats` rounds taking turns; medians compared."""
     walls: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
-    fractions: list[float] = []
+    fractions: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
     for _ in range(repeats):
         for name, launcher in LAUNCHERS.items():
-            wall, stepping = timed_sweep([*launcher, *overrides])
+            wall, stepping_s = timed_sweep([*launcher, *overrides])
             print(f"  {' '.join(overrides)} with the {name} launcher: {wall:.1f} s, "
-                  f"{stepping:.1f} s in training steps", flush=True)
+                  f"{stepping_s:.1f} s with training steps running", flush=True)
             walls[name].append(wall)
-            if name == "gradexp":
-                fractions.append(stepping / wall)
-    basic, fast = (statistics.median(walls[name]) for name in LAUNCHERS)
-    return {f"sweep_s_basic{suffix}": basic, f"sweep_s_gradexp{suffix}": fast,
-            f"sweep_speedup{suffix}": basic / fast,
-            f"sweep_step_fraction{suffix}": statistics.median(fractions)}
+            fractions[name].append(stepping_s / wall)
+    wall = {name: statistics.median(w) for name, w in walls.items()}
+    out = {f"sweep_s_{name}{suffix}": w for name, w in wall.items()}
+    for name, key in (("gradexp", ""), ("two_workers", "_two_workers")):
+        out[f"sweep_speedup{key}{suffix}"] = wall["basic"] / wall[name]
+        out[f"sweep_step_fraction{key}{suffix}"] = statistics.median(fractions[name])
+    return out
 
 
 def measure(repeats: int, rnn: bool = True) -> dict[str, float]:
