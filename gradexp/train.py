@@ -87,7 +87,8 @@ def rundir_action(run_dir: Path, cfg: DictConfig) -> str:
     if action == rundir.BUSY:
         raise rundir.NotResumable(f"{run_dir}: its run is still going (pid {record['pid']})")
     if not rundir.same_config(record, OmegaConf.to_container(cfg)):
-        raise rundir.NotResumable(f"{run_dir}: holds a {status} run of another config; "
+        article = "an" if status[0] in "aeiou" else "a"
+        raise rundir.NotResumable(f"{run_dir}: holds {article} {status} run of another config; "
                                   "give this run its own directory")
     if action == rundir.KEEP:
         log.info("%s: the run is %s already; its result stands", run_dir, status)

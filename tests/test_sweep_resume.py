@@ -318,7 +318,7 @@ def test_a_job_refuses_a_run_of_another_config_or_a_live_run_in_its_directory(ma
     for status, config, message in (
             ("completed", {**own, "clip": 0.5}, "holds a completed run of another config; give "
                                                 "this run its own directory"),
-            ("interrupted", {**own, "seed": 1}, "holds a interrupted run of another config"),
+            ("interrupted", {**own, "seed": 1}, "holds an interrupted run of another config"),
             ("running", own, f"its run is still going (pid {os.getpid()})")):
         (tmp_path / "summary.json").write_text(json.dumps({
             "status": status, "config": config, "host": socket.gethostname(),
