@@ -8,19 +8,20 @@
 # although an unclipped layer at either place is the same model.) Last, table.py checks that
 # the unclipped copies are identical and puts every setting of both sweeps into table.md
 # against the one unclipped group.
-#   bash experiments/exploding_rnn/run.sh            # two runs at a time (JOBS=2)
-#   JOBS=1 bash experiments/exploding_rnn/run.sh     # one at a time, on a machine shared with other work
+# The runs of each setting train as one batch (hydra/launcher=gradexp), two batches at a time:
+#   bash experiments/exploding_rnn/run.sh               # two worker processes (WORKERS=2)
+#   WORKERS=1 bash experiments/exploding_rnn/run.sh     # one, on a machine shared with other work
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 study=experiments/exploding_rnn
 sweep="outputs/multirun/exploding_rnn/$(date +%Y-%m-%d_%H-%M-%S)"
-parallel=(hydra/launcher=joblib hydra.launcher.n_jobs="${JOBS:-2}")
+parallel=(hydra/launcher=gradexp hydra.launcher.workers="${WORKERS:-2}")
 start=$SECONDS
 python -m gradexp.train -m +experiment=exploding_rnn "${parallel[@]}" \
     hydra.sweep.dir="$sweep/activation"
 python -m gradexp.train -m +experiment=exploding_rnn_params "${parallel[@]}" \
     hydra.sweep.dir="$sweep/params"
-echo "$((SECONDS - start)) ${JOBS:-2}" > "$sweep/wall_time.txt"   # seconds, runs at a time: table.md quotes them
+echo "$((SECONDS - start)) ${WORKERS:-2}" > "$sweep/wall_time.txt"   # seconds, workers: table.md quotes them
 # target 1/60: a tenth of 2/12, the error of always predicting the mean sum (1); the default
 # target, the worst final loss of the unclipped runs that did not diverge, is undefined when
 # every unclipped run diverges

@@ -6,7 +6,7 @@ Reads the runs.csv that `gradexp.summarize` wrote into activation/ and params/ (
 metrics, defined in the README's "Summarizing a sweep") and each run directory under <sweep dir>
 (gradexp.analysis.runs: its config, its summary.json for its wall time, and its metrics.csv for
 the last evaluated error rate and the share of steps whose parameter gradients were clipped),
-and <sweep dir>/wall_time.txt (run.sh's seconds for both sweeps and runs at a time). The
+and <sweep dir>/wall_time.txt (run.sh's seconds for both sweeps and its worker processes). The
 intervals and the sign test are gradexp.analysis.stats'. Writes table.md.
 
 summarize compares along one baseline key, so each of its two reports has its own unclipped
@@ -166,9 +166,10 @@ def wall_time(sweep: Path, runs: pd.DataFrame) -> str:
             f"{times.sum():.0f} s for the {len(runs)} runs together.")
     marker = sweep / "wall_time.txt"
     if marker.exists():
-        seconds, jobs = marker.read_text().split()
+        seconds, workers = marker.read_text().split()
         text = (f"Both sweeps, launch to last run: {int(seconds)} s ({int(seconds) / 60:.0f} min) "
-                f"with {jobs} run(s) at a time. " + text)
+                f"with hydra/launcher=gradexp, {workers} worker process(es) (the runs of a "
+                f"setting train as one batch). " + text)
     return text
 
 
