@@ -108,14 +108,31 @@ def start(tmp_path: Path, *overrides: str) -> subprocess.Popen:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time a process has used so far (Linux's /proc; None without it)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def wait_for_rows(run_parent: Path, rows: int, process: subprocess.Popen) -> Path:
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
+    """Until the run's table has more than `rows` rows. The run gets 240 s of its own CPU time,
+    not of the clock: on a shared machine a niced run can be starved for minutes (a random-order
+    run of the suite at load 4-5 on 2 cores waited 240 s of the clock here and failed); the
+    clock only bounds a run that uses no CPU at all."""
+    began = time.monotonic()
+    while time.monotonic() - began < 1800:
         for table in run_parent.glob("*/*/metrics.csv"):
             if sum(1 for _ in table.open()) > rows:
                 return table.parent
         assert process.poll() is None, process.communicate()
+        used = cpu_seconds(process.pid)
+        if (time.monotonic() - began if used is None else used) > 240:
+            break
         time.sleep(0.05)
+    process.kill()  # not left training on after the test
     raise AssertionError("the run did not get going")
 
 
