@@ -865,3 +865,22 @@ def test_autoclip_history_evicts_the_oldest_norm_when_it_first_fills_and_on_a_ti
     record(history, tf.constant(5.0), tf.constant(True))  # evicts 5 (the oldest), inserts 5
     assert history.ascending.numpy().tolist() == [2.0, 3.0, 5.0]
     assert float(percentile(history, 0.0)) == 2.0 and float(percentile(history, 100.0)) == 5.0
+
+
+def test_adagc_a_norm_exactly_at_its_bound_is_not_clipped():
+    """AdaGC by hand on one tensor, warm-up 2 steps at λ_abs = 5, then λ_rel = 2, β = 0.5:
+    [3, 4] (‖g‖ = 5 = λ_abs) passes and does not count; [6, 8] halves; γ = min(5, 5) = 5. After
+    it [6, 8] (‖g‖ = 10 = 2γ) passes, uncounted, γ = 0.5·5 + 0.5·10 = 7.5; [12, 16] (20 > 15)
+    shrinks by 0.75 to [9, 12], γ = 0.5·7.5 + 0.5·15 = 11.25."""
+    params = variables([np.zeros(2, np.float32)])
+    clipper = clipper_for("adagc", {"clip_ratio": 2.0, "beta": 0.5, "warmup_steps": 2,
+                                    "warmup_max_norm": 5.0}, params)
+    expected = [([3.0, 4.0], [3.0, 4.0], 0.0, 5.0, 5.0),  # g, out, clipped, threshold, γ
+                ([6.0, 8.0], [3.0, 4.0], 1.0, 5.0, 5.0),
+                ([6.0, 8.0], [6.0, 8.0], 0.0, 10.0, 7.5),
+                ([12.0, 16.0], [9.0, 12.0], 1.0, 15.0, 11.25)]
+    for g, out, clipped, threshold, gamma in expected:
+        result, stats = clipper([tf.constant(g)], params)
+        assert result[0].numpy().tolist() == out
+        assert float(stats["clipped"]) == clipped and float(stats["threshold"]) == threshold
+        assert clipper.state_variables[0].numpy().tolist() == [gamma]
