@@ -192,7 +192,7 @@ def test_the_statistics_weight_is_a_non_trainable_float32_zero_vector(dtype):
     assert stats.path.split("/")[-1] == "gradient_stats"
     bounds = layer.clip_bounds  # the bounds as data (runs of other bounds share one step)
     assert layer.trainable_weights == [] and layer.non_trainable_weights == [stats, bounds]
-    assert bounds.dtype == "float32"
+    assert bounds.dtype == "float32" and bounds.path.split("/")[-1] == "clip_bounds"
     assert bounds.numpy().tolist() == [np.float32(-0.1), np.float32(0.1)]
     one_sided = ClipGradient(None, 0.1, dtype=dtype)
     one_sided.build((2, 3))
@@ -262,3 +262,60 @@ def test_the_unclipped_layer_reports_nothing_clipped():
 def test_a_norm_axis_that_does_not_exist_is_refused_by_name():
     with pytest.raises(ValueError, match="^norm_axis=rows: must be one of batch, example$"):
         clip_gradient(tf.ones(2), max_norm=1.0, norm_axis="rows")
+
+
+def test_a_mixed_float16_layer_clips_to_its_float32_bounds():
+    """Under mixed_float16 the layer computes in float16 but reads its bounds in float32 (autocast
+    would make them float16, a type error in the float32 backward pass, and 0.1 would become
+    0.09998): true dy = [0.2, 0.04] arrives times S = 4 in float16; dx = S · [0.1, 0.04], and the
+    statistics count the one clipped element, in true units."""
+    layer = ClipGradient(-0.1, 0.1, dtype="mixed_float16")
+    x = tf.ones((1, 2), tf.float16)
+    layer.build(x.shape)
+    scale = tf.Variable(4.0)
+    layer.follow_loss_scale(scale)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        tape.watch(layer.gradient_stats.value)
+        y = layer(x)
+        loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.constant([[0.2, 0.04]]) * scale)
+    assert y.dtype == tf.float16
+    dx = tape.gradient(loss, x)
+    assert dx.dtype == tf.float16
+    assert dx.numpy().tolist() == [[np.float16(0.4), np.float16(0.16)]]
+    stats = tape.gradient(loss, layer.gradient_stats.value).numpy()
+    np.testing.assert_allclose(stats, [0.2**2 + 0.04**2, 0.1**2 + 0.04**2, 1, 2], rtol=1e-3)
+    # the clipped element is float32's 0.1 (float16's would be 0.09998: 4e-6 less in Σdx²)
+    assert stats[1] == pytest.approx(float(np.float32(0.1)) ** 2 + (float(np.float16(0.16)) / 4)
+                                     ** 2, rel=1e-7)
+
+
+def test_the_layer_clips_to_its_bounds_weight_without_a_retrace():
+    """The bounds are data (gradexp/batched.py assigns each run's): after assigning [−0.5, 0.2]
+    to `clip_bounds` the same compiled function clips dy = [0.3, −0.8, 0.1] to [0.2, −0.5, 0.1]
+    where ±0.1 gave [0.1, −0.1, 0.1], and ±inf leaves it as it is; one trace for all three."""
+    layer = ClipGradient(-0.1, 0.1)
+    x = tf.ones((1, 3))
+    layer.build(x.shape)
+    dy = tf.constant([[0.3, -0.8, 0.1]])
+
+    @tf.function
+    def dx_and_stats():
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            tape.watch(layer.gradient_stats.value)
+            loss = tf.reduce_sum(layer(x) * dy)
+        return tape.gradient(loss, x), tape.gradient(loss, layer.gradient_stats.value)
+
+    dx, stats = dx_and_stats()
+    np.testing.assert_allclose(dx, [[0.1, -0.1, 0.1]], rtol=1e-6)
+    assert stats[2] == 2
+    layer.clip_bounds.assign([-0.5, 0.2])
+    dx, stats = dx_and_stats()
+    np.testing.assert_allclose(dx, [[0.2, -0.5, 0.1]], rtol=1e-6)
+    assert stats[2] == 2
+    layer.clip_bounds.assign([-np.inf, np.inf])
+    dx, stats = dx_and_stats()
+    np.testing.assert_array_equal(dx, dy)
+    assert stats[2] == 0
+    assert dx_and_stats.experimental_get_tracing_count() == 1
