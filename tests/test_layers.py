@@ -197,6 +197,10 @@ def test_the_statistics_weight_is_a_non_trainable_float32_zero_vector(dtype):
     one_sided = ClipGradient(None, 0.1, dtype=dtype)
     one_sided.build((2, 3))
     assert one_sided.clip_bounds.numpy().tolist() == [-np.inf, np.float32(0.1)]
+    whole = ClipGradient(-1, 2, dtype=dtype)  # integer bounds (`clip=1` on the command line)
+    whole.build((2, 3))
+    assert whole.clip_bounds.dtype == "float32"
+    assert whole.clip_bounds.numpy().tolist() == [-1.0, 2.0]
 
 
 def test_the_layer_follows_the_loss_scale_variable_it_is_given():
@@ -319,3 +323,18 @@ def test_the_layer_clips_to_its_bounds_weight_without_a_retrace():
     np.testing.assert_array_equal(dx, dy)
     assert stats[2] == 0
     assert dx_and_stats.experimental_get_tracing_count() == 1
+
+
+def test_the_unclipped_function_reports_nothing_clipped():
+    """clip_gradient with no bound (the function form; the layer always passes its bounds
+    weight) takes the baseline's path: dx = grad_scale · dy and the statistics
+    [Σg², Σg², 0, n] with g = 2 · [0.3, −0.4, 2.0]."""
+    x = tf.ones((1, 3))
+    probe = tf.zeros([len(STATS)])
+    dy = tf.constant([[0.3, -0.4, 2.0]])
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, probe])
+        loss = tf.reduce_sum(clip_gradient(x, grad_scale=2.0, stats=probe) * dy)
+    np.testing.assert_allclose(tape.gradient(loss, x), 2 * dy.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(tape.gradient(loss, probe), [4 * 4.25, 4 * 4.25, 0, 3],
+                               rtol=1e-6)
