@@ -132,6 +132,16 @@ def test_clip_fraction_is_the_share_of_elements_changed(clipped_run):
     fractions = table[[f"clip_fraction/{p}" for p in LAYERS]].to_numpy()
     assert ((fractions >= 0) & (fractions <= 1)).all() and fractions.max() > 0
 
+
+def test_clip_fraction_of_one_element_and_of_none():
+    """layer_metrics by hand at the edges of its denominator max(count, 1): one element,
+    clipped, is a fraction of 1; no element at all (an empty batch) is 0, not NaN."""
+    from gradexp.step import layer_metrics
+
+    assert float(layer_metrics("d", [4.0, 1.0, 1.0, 1.0])["clip_fraction/d"]) == 1.0
+    assert float(layer_metrics("d", [0.0, 0.0, 0.0, 0.0])["clip_fraction/d"]) == 0.0
+
+
 def test_unclipped_run_has_equal_pre_and_post_norms(make_cfg, tmp_path):
     cfg = make_cfg(*QUICK, "trainer.steps=20", "trainer.eval_every=10")
     summary = train(cfg, tmp_path)
