@@ -48,7 +48,7 @@ GROUPS = {
     "layers": (["gradexp/layers.py"], ["tests/test_layers.py"]),
     "clipping": (["gradexp/clipping/*.py"], ["tests/test_clipping.py"]),
     "telemetry": (["gradexp/telemetry.py"], ["tests/test_telemetry.py"]),
-    # the step's loss-scale branch is reached by one mixed_float16 test and its divergence
+    # the step's loss-scale branch is reached by two mixed_float16 tests and its divergence
     # handling by two of test_robustness'; its distributed branch only in a subprocess
     # (test_devices' mirrored test) and its stateless-scope branch by tests/test_batched.py,
     # left out: minutes per surviving mutant
@@ -56,6 +56,7 @@ GROUPS = {
              ["tests/test_telemetry.py", "tests/test_train.py", "tests/test_by_hand.py",
               "tests/test_devices.py"
               "::test_mixed_precision_trains_and_logs_finite_norms[mixed_float16]",
+              "tests/test_devices.py::test_mixed_float16_layer_statistics_are_in_true_units",
               "tests/test_robustness.py::test_a_diverging_run_stops_at_its_step_and_is_a_result",
               "tests/test_robustness.py::test_on_divergence_continue_skips_non_finite_updates"]),
 }

@@ -38,6 +38,11 @@ def test_each_per_layer_norm_equals_one_computed_by_hand(make_cfg, optimizer, xl
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(task_loss(arrays.num_classes)(y, compiled.model(x, training=True)))
     grads = [g.numpy() for g in tape.gradient(loss, params)]
+    # the histograms' gradients (summed loss: trainer.loss_reduction=sum), by variable path
+    histogram = compiled.gradients(x, y)
+    assert list(histogram) == [f"gradients/{v.path}" for v in params]
+    for g, h in zip(grads, histogram.values(), strict=True):
+        np.testing.assert_allclose(h, g, rtol=1e-5, atol=1e-7)
 
     row = compiled.train_steps(iter(train_batches), tf.constant(1)).numpy()[0]
     measured = dict(zip(compiled.names, row, strict=True))
@@ -68,6 +73,28 @@ def test_each_per_layer_norm_equals_one_computed_by_hand(make_cfg, optimizer, xl
             by_hand = opt.learning_rate.numpy() * np.sqrt(
                 sum(np.sum(np.square(s / (s + eps))) for s in steps))
             assert dw[layer] == pytest.approx(by_hand, rel=1e-3)
+
+def test_agc_in_the_step_leaves_the_output_layer_unclipped(make_cfg):
+    """clipping=agc, exclude_output=true, a tight factor: the step hands the clipper the output
+    layer's parameters, which pass unclipped (head's ‖g‖ after = before) while every hidden
+    layer's gradient shrinks."""
+    from gradexp import data, devices
+    from gradexp._tf import tf
+    from gradexp.step import compile_step
+
+    devices.prepare_process("cpu", "float32", 0, False)
+    cfg = make_cfg("model.width=8", "clipping=agc", "clipping.factor=0.001",
+                   "clipping.exclude_output=true", "trainer.jit_compile=false")
+    arrays = data.load(cfg.dataset)
+    compiled = compile_step(cfg, arrays, tf.distribute.get_strategy())
+    train_batches, _ = data.pipelines(arrays, 32, cfg.seed)
+    row = compiled.train_steps(iter(train_batches), tf.constant(1)).numpy()[0]
+    measured = dict(zip(compiled.names, row, strict=True))
+    assert measured["param_grad_norm/head/post"] == measured["param_grad_norm/head"] > 0
+    for layer in ("dense_1", "dense_2", "dense_3"):
+        assert measured[f"param_grad_norm/{layer}/post"] < measured[f"param_grad_norm/{layer}"]
+    assert measured["param_clip/clipped"] == 1.0
+
 
 def test_the_switch_turns_the_telemetry_off_and_names_its_columns(make_cfg):
     from gradexp import data, devices
