@@ -884,3 +884,22 @@ def test_adagc_a_norm_exactly_at_its_bound_is_not_clipped():
         assert result[0].numpy().tolist() == out
         assert float(stats["clipped"]) == clipped and float(stats["threshold"]) == threshold
         assert clipper.state_variables[0].numpy().tolist() == [gamma]
+
+
+def test_zclip_called_with_its_defaults_clips_a_spike_by_hand():
+    """zclip() with its keyword defaults (z-score mode, adaptive scaling, clip_factor 1, no
+    cap), by hand: warm-up norms 1 and 3 give μ = 2, σ = 1; then ‖g‖ = 10, z = 8 > z_t = 2.5,
+    is clipped to μ + z_t·σ / (z / z_t) = 2 + 2.5 / 3.2 = 2.78125 (z and the threshold
+    μ + z_t·(σ + 1e-6) carry ZClip's eps)."""
+    from gradexp.clipping.zclip import ZClipState, zclip
+
+    state = ZClipState.create(2)
+    for g in (1.0, 3.0):
+        out, stats = zclip([tf.constant([g])], state, 0.9, 2.5)
+        assert out[0].numpy().tolist() == [g] and float(stats["clipped"]) == 0.0
+    assert float(state.mean.numpy()) == 2.0 and float(state.var.numpy()) == 1.0
+    out, stats = zclip([tf.constant([10.0])], state, 0.9, 2.5)
+    z = 8.0 / (1.0 + 1e-6)
+    assert float(out[0][0]) == pytest.approx(2.0 + 2.5 / (z / 2.5), rel=1e-6)
+    assert float(stats["threshold"]) == pytest.approx(2.0 + 2.5 * (1.0 + 1e-6), rel=1e-6)
+    assert float(stats["clipped"]) == 1.0
