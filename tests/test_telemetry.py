@@ -160,6 +160,33 @@ def test_the_spike_detector_follows_its_rule_step_by_step():
     assert int(detector.seen.numpy()) == 60 - 4
 
 
+def test_the_step_feeds_its_spike_detector_the_loss_and_norm_it_logs(make_cfg):
+    """on_spike=skip in a compiled step, 60 steps: the rows marked spike_skipped, and the
+    detector's statistics after them, are the rule's (spike_reference) on the step's own
+    (loss/train, grad_norm/global) rows: the detector sees what the table shows."""
+    from gradexp import data, devices
+    from gradexp._tf import tf
+    from gradexp.step import compile_step
+
+    devices.prepare_process("cpu", "float32", 0, False)
+    cfg = make_cfg("model.width=8", "dataset=digits", "trainer.on_spike=skip",
+                   "trainer.spike_z=1", "trainer.spike_warmup=10", "trainer.jit_compile=false",
+                   "trainer.layer_norms=false")
+    arrays = data.load(cfg.dataset)
+    compiled = compile_step(cfg, arrays, tf.distribute.get_strategy())
+    train_batches, _ = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed)
+    rows = compiled.train_steps(iter(train_batches), tf.constant(60)).numpy()
+    column = {name: rows[:, i] for i, name in enumerate(compiled.names)}
+    series = np.stack([column["loss/train"], column["grad_norm/global"]], 1)
+    expected, mean, var = spike_reference(series, 1.0, 10, cfg.trainer.spike_alpha)
+    np.testing.assert_array_equal(column["spike_skipped"] == 1, expected)
+    assert 0 < expected.sum() < 50
+    seen, detector_mean, detector_var = (v.numpy() for v in compiled.state_variables)
+    assert seen == 60 - expected.sum()
+    np.testing.assert_allclose(detector_mean, mean, rtol=1e-5)
+    np.testing.assert_allclose(detector_var, var, rtol=1e-4)
+
+
 def test_a_skipped_step_leaves_the_weights_alone_and_is_counted(make_cfg, tmp_path):
     """on_spike=skip with a low bar (z > 1: a noisy loss crosses it often): the rows marked
     spike_skipped have update_norm 0 in every layer, the others not; summary.json counts them."""
