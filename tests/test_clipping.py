@@ -903,3 +903,29 @@ def test_zclip_called_with_its_defaults_clips_a_spike_by_hand():
     assert float(out[0][0]) == pytest.approx(2.0 + 2.5 / (z / 2.5), rel=1e-6)
     assert float(stats["threshold"]) == pytest.approx(2.0 + 2.5 * (1.0 + 1e-6), rel=1e-6)
     assert float(stats["clipped"]) == 1.0
+
+
+def test_zclip_at_its_boundaries_by_hand():
+    """Warm-up norms 1 and 3 (μ = 2, σ = 1): a norm exactly on the boundary is not a spike, in
+    z-score mode (z = (g − μ)/(σ + 1e-6) = z_t = 2.5 exactly for g = 4.5000024 in float32)
+    and in percentile mode (g = μ + z_t·σ = 4 with z_t = 2). Warm-up norms 2 and 2 (σ = 0):
+    3 is a spike (z = 1/1e-6), clipped to μ = 2, and the boundary is μ + z_t·1e-6."""
+    from gradexp.clipping.zclip import ZClipState, zclip
+
+    def warmed(norms, z_threshold, **options):
+        state = ZClipState.create(len(norms))
+        for g in norms:
+            zclip([tf.constant([g])], state, 0.9, z_threshold, **options)
+        return state
+
+    g = np.float32(4.5000024)
+    assert (g - np.float32(2)) / (np.float32(1) + np.float32(1e-6)) == np.float32(2.5)
+    out, stats = zclip([tf.constant([g])], warmed([1.0, 3.0], 2.5), 0.9, 2.5)
+    assert out[0].numpy().tolist() == [g] and float(stats["clipped"]) == 0.0
+    out, stats = zclip([tf.constant([4.0])], warmed([1.0, 3.0], 2.0, mode="percentile"), 0.9,
+                       2.0, mode="percentile")
+    assert out[0].numpy().tolist() == [4.0] and float(stats["clipped"]) == 0.0
+    assert float(stats["threshold"]) == 4.0
+    out, stats = zclip([tf.constant([3.0])], warmed([2.0, 2.0], 2.5), 0.9, 2.5)
+    assert float(out[0][0]) == pytest.approx(2.0, rel=1e-6) and float(stats["clipped"]) == 1.0
+    assert float(stats["threshold"]) == pytest.approx(2.0 + 2.5e-6, abs=3e-7)
