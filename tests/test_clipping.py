@@ -929,3 +929,21 @@ def test_zclip_at_its_boundaries_by_hand():
     out, stats = zclip([tf.constant([3.0])], warmed([2.0, 2.0], 2.5), 0.9, 2.5)
     assert float(out[0][0]) == pytest.approx(2.0, rel=1e-6) and float(stats["clipped"]) == 1.0
     assert float(stats["threshold"]) == pytest.approx(2.0 + 2.5e-6, abs=3e-7)
+
+
+def test_zclip_cap_at_exactly_the_norm_and_a_non_finite_warmup_step():
+    """ZClip's cap (max_grad_norm = 5) during the warm-up: ‖[3, 4]‖ = 5 passes and does not
+    count, ‖[6, 8]‖ = 10 is halved. An infinite norm in the warm-up passes and leaves every
+    statistic (the collected norms, the count, μ, σ²) as it was."""
+    from gradexp.clipping.zclip import ZClipState, zclip
+
+    state = ZClipState.create(3)
+    out, stats = zclip([tf.constant([3.0, 4.0])], state, 0.9, 2.5, max_grad_norm=5.0)
+    assert out[0].numpy().tolist() == [3.0, 4.0] and float(stats["clipped"]) == 0.0
+    out, stats = zclip([tf.constant([6.0, 8.0])], state, 0.9, 2.5, max_grad_norm=5.0)
+    assert out[0].numpy().tolist() == [3.0, 4.0] and float(stats["clipped"]) == 1.0
+    before = [v.numpy().tolist() for v in state.variables]
+    assert before == [[5.0, 10.0, 0.0], 2, 0.0, 0.0]
+    out, _ = zclip([tf.constant([np.inf, 1.0])], state, 0.9, 2.5, max_grad_norm=5.0)
+    assert out[0].numpy().tolist() == [np.inf, 1.0]
+    assert [v.numpy().tolist() for v in state.variables] == before
