@@ -160,8 +160,9 @@ def summarize(group: str, work: Path, seconds: float) -> list[dict]:
                                                     "segfault", "suspicious", "not checked")
                            if r.get(k))
         of = f" of the {r['total'] - r['not checked']} tested" if r.get("not checked") else ""
+        score = f"score {r['score']:.1%}{of}" if r["scored"] else "none tested"
         print(f"{r['module']}: {r['total']} mutants: {counts}; equivalent {r['equivalent']}; "
-              f"score {r['score']:.1%}{of}")
+              f"{score}")
         for name in r["not_killed"]:
             print(f"    not killed: {name}")
         for name in r["stale"]:
