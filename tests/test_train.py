@@ -198,3 +198,19 @@ def test_the_error_rate_counts_sequences_whose_squared_error_exceeds_the_thresho
     expected = np.mean((predicted - arrays.y_val) ** 2 > 0.04)
     assert float(compiled.evaluate(*val)["error_rate/val"]) == pytest.approx(expected, abs=1e-6)
     assert 0.0 < expected < 1.0
+
+
+def test_the_step_refuses_a_model_that_cannot_take_the_datasets_examples(make_cfg):
+    """compile_step checks the arrays' actual shape before it builds anything: an RNN given
+    the teacher's vectors (32,) is refused with the message the config check would give."""
+    from gradexp import config, data
+    from gradexp._tf import tf
+    from gradexp.step import compile_step
+
+    cfg = make_cfg("model=rnn", "dataset=teacher", "dataset.num_examples=160")
+    arrays = data.load(cfg.dataset)
+    expected = ("model=rnn: needs sequence inputs (T, F) or images (H, W, C), read row by "
+                "row; dataset=teacher gives vectors (32,)")
+    with pytest.raises(config.ConfigError) as refused:
+        compile_step(cfg, arrays, tf.distribute.get_strategy())
+    assert str(refused.value) == expected
