@@ -105,6 +105,7 @@ def test_the_switch_turns_the_telemetry_off_and_names_its_columns(make_cfg):
     cfg = make_cfg("model.width=8", "trainer.layer_norms=false")
     compiled = compile_step(cfg, data.load(cfg.dataset), tf.distribute.get_strategy())
     assert not any(n.startswith(("param_grad_norm/", "update_norm/")) for n in compiled.names)
+    assert compiled.val_names == ("loss/val", "accuracy/val")  # no error threshold: no rate
     assert telemetry.metric_names(["dense_1"]) == [
         "param_grad_norm/dense_1", "param_grad_norm/dense_1/post", "update_norm/dense_1",
         "param_norm/dense_1", "update_ratio/dense_1"]
