@@ -214,3 +214,40 @@ def test_the_step_refuses_a_model_that_cannot_take_the_datasets_examples(make_cf
     with pytest.raises(config.ConfigError) as refused:
         compile_step(cfg, arrays, tf.distribute.get_strategy())
     assert str(refused.value) == expected
+
+
+def test_the_stateless_step_is_the_compiled_step(make_cfg):
+    """`step_body` on a keras.StatelessScope's copy of the run's state (gradexp/batched.py's
+    way: the model's variables, then the optimizer's) gives, two steps running, the rows of
+    the compiled step and leaves in the scope the state the compiled step writes into the
+    variables, which it does not touch itself."""
+    from gradexp import data, devices
+    from gradexp._tf import keras, tf
+    from gradexp.step import compile_step
+
+    devices.prepare_process("cpu", "float32", 0, False)
+    cfg = make_cfg("model.width=8", "clip=0.1", "trainer.jit_compile=false")
+    arrays = data.load(cfg.dataset)
+    compiled = compile_step(cfg, arrays, tf.distribute.get_strategy())
+    batches, _ = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed)
+    variables = [*compiled.model.variables, *compiled.optimizer.variables]
+    start = [v.numpy().copy() for v in variables]
+
+    @tf.function
+    def stateless(values, x, y):
+        with keras.StatelessScope(list(zip(variables, values, strict=True))) as scope:
+            m = compiled.step_body(x, y, scope)
+            new = [scope.get_current_value(v) for v in variables]
+        return new, tf.stack([m[k] for k in compiled.names])
+
+    values, rows, batch = [tf.constant(v) for v in start], [], iter(batches)
+    for _ in range(2):
+        values, row = stateless(values, *next(batch))
+        rows.append(row.numpy())
+    for v, s in zip(variables, start, strict=True):
+        np.testing.assert_array_equal(v.numpy(), s)
+    expected = compiled.train_steps(iter(batches), tf.constant(2)).numpy()
+    assert not np.allclose(start[0], variables[0].numpy())  # the compiled step trained
+    np.testing.assert_allclose(np.array(rows), expected, rtol=1e-5, atol=1e-7)
+    for v, value in zip(variables, values, strict=True):
+        np.testing.assert_allclose(value, v.numpy(), rtol=1e-5, atol=1e-7)
