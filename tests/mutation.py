@@ -48,10 +48,10 @@ GROUPS = {
     "layers": (["gradexp/layers.py"], ["tests/test_layers.py"]),
     "clipping": (["gradexp/clipping/*.py"], ["tests/test_clipping.py"]),
     "telemetry": (["gradexp/telemetry.py"], ["tests/test_telemetry.py"]),
-    # the step's loss-scale branch is reached by two mixed_float16 tests and its divergence
-    # handling by two of test_robustness'; its distributed branch only in a subprocess
-    # (test_devices' mirrored test) and its stateless-scope branch by tests/test_batched.py,
-    # left out: minutes per surviving mutant
+    # the step's loss-scale branch is reached by two mixed_float16 tests, its divergence
+    # handling by two of test_robustness' and its stateless-scope branch by test_train's
+    # stateless test; its distributed branch only in a subprocess (test_devices' mirrored
+    # test), which mutmut cannot see
     "step": (["gradexp/step.py"],
              ["tests/test_telemetry.py", "tests/test_by_hand.py",
               # test_train's in-process tests (its others run `python -m gradexp.train`, whose
@@ -60,7 +60,8 @@ GROUPS = {
                   "clip_fraction_of_one_element_and_of_none",
                   "unclipped_run_has_equal_pre_and_post_norms",
                   "the_error_rate_counts_sequences_whose_squared_error_exceeds_the_threshold",
-                  "the_step_refuses_a_model_that_cannot_take_the_datasets_examples")),
+                  "the_step_refuses_a_model_that_cannot_take_the_datasets_examples",
+                  "the_stateless_step_is_the_compiled_step")),
               "tests/test_devices.py"
               "::test_mixed_precision_trains_and_logs_finite_norms[mixed_float16]",
               "tests/test_devices.py::test_mixed_float16_layer_statistics_are_in_true_units",
