@@ -129,7 +129,9 @@ def _train_here(batches: list[list]) -> list:
 
 
 def _interrupted(result) -> bool:
-    return isinstance(result, list) and any(s["status"] == "interrupted" for s in result)
+    from gradexp.rundir import INTERRUPTED
+
+    return isinstance(result, list) and any(s["status"] == INTERRUPTED for s in result)
 
 
 def _reply(w: Worker):
