@@ -20,8 +20,9 @@ QUICK = ["trainer.steps=30", "trainer.log_every=10", "trainer.eval_every=30",
 @pytest.fixture(autouse=True)
 def fresh_global_state():
     """What a test's in-process run sets for the whole process (gradexp.devices.prepare_process:
-    the Keras dtype policy, TensorFlow op determinism) is undone after it, so a test sees the
-    defaults whichever tests ran before it in the same process."""
+    the Keras dtype policy, TensorFlow op determinism, TensorFlow's global seed set by
+    keras.utils.set_random_seed) is undone after it, so a test sees the defaults whichever tests
+    ran before it in the same process (pytest-randomly reseeds Python's and NumPy's)."""
     yield
     if "keras" in sys.modules:
         import keras
@@ -31,6 +32,9 @@ def fresh_global_state():
         from gradexp.devices import set_op_determinism
 
         set_op_determinism(False)
+        import tensorflow as tf
+
+        tf.random.set_seed(None)  # unset again: ops draw fresh seeds, as in a new process
 
 
 @pytest.fixture
