@@ -194,7 +194,7 @@ def still_running(record: dict[str, Any]) -> bool:
         return False
     except PermissionError:
         return True
-    try:  # a dead run's pid taken by another program since
-        return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    try:  # a dead run's pid taken by another program since; the executable, not the command
+        return "python" in os.readlink(f"/proc/{pid}/exe")  # line (Ray workers rewrite theirs)
     except OSError:
         return True

@@ -269,14 +269,25 @@ def test_resume_refuses_a_run_whose_process_is_still_going(tmp_path):
     (tmp_path / "checkpoints" / "checkpoint").write_text("")
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True)
-    for pid, refused in ((os.getpid(), True), (int(finished.stdout), False)):
-        summary = {"status": "running", "host": socket.gethostname(), "pid": pid}
-        (tmp_path / "summary.json").write_text(json.dumps(summary))
-        if refused:
-            with pytest.raises(NotResumable, match=f"still going \\(pid {pid}\\)"):
-                check_resumable(tmp_path, [])
-        else:
-            check_resumable(tmp_path, [])  # its process is gone: a killed run, resumable
+    # a live Python whose command line names no Python, as Ray's workers rename theirs
+    renamed = subprocess.Popen(["bash", "-c", f"exec -a ray::IDLE {sys.executable} -c "
+                                "'import time; time.sleep(60)'"])
+    try:
+        while not Path(f"/proc/{renamed.pid}/cmdline").read_bytes().startswith(b"ray::IDLE\0"):
+            assert renamed.poll() is None
+            time.sleep(0.01)
+        for pid, refused in ((os.getpid(), True), (renamed.pid, True),
+                             (int(finished.stdout), False)):
+            summary = {"status": "running", "host": socket.gethostname(), "pid": pid}
+            (tmp_path / "summary.json").write_text(json.dumps(summary))
+            if refused:
+                with pytest.raises(NotResumable, match=f"still going \\(pid {pid}\\)"):
+                    check_resumable(tmp_path, [])
+            else:
+                check_resumable(tmp_path, [])  # its process is gone: a killed run, resumable
+    finally:
+        renamed.kill()
+        renamed.wait()
 
 
 def test_determinism_same_config_same_numbers(uninterrupted, tmp_path):
