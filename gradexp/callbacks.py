@@ -19,12 +19,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from gradexp import rundir
-from gradexp.config import ConfigError, explain, sweep_jobs, validate
+from gradexp.config import ConfigError, compose_once, explain, sweep_jobs, task_config, validate
 from gradexp.devices import check_device
 from gradexp.rundir import check_resumable, read_status
 from gradexp.search.space import from_config, is_search
@@ -59,6 +59,8 @@ class Checks(Callback):
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None,
                           **kwargs: Any) -> None:
         searching = is_search(config)
+        loader = GlobalHydra.instance().hydra.config_loader
+        compose_once(loader, config)  # the sweeper and the launcher reuse the configs made here
 
         def check_all_jobs():
             if searching:  # trials are not known up front: check the space and its corners
@@ -66,7 +68,7 @@ class Checks(Callback):
                                         list(config.hydra.overrides.task)).corner_jobs()
             else:
                 overrides = sweep_jobs(config)
-            jobs = [compose(config_name=config_name, overrides=o) for o in overrides]
+            jobs = [task_config(loader.load_sweep_config(config, o)) for o in overrides]
             for job in jobs:
                 validate(job)
                 if job.resume:

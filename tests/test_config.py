@@ -119,3 +119,46 @@ def test_sweep_jobs_expand_like_the_basic_sweeper(make_cfg):
                                       "overrides": {"task": ["clip=null,0.1,1"]}}})
     jobs = config.sweep_jobs(cfg)
     assert len(jobs) == 6 and ["seed=0", "clip=null"] in jobs and ["seed=1", "clip=1"] in jobs
+
+
+def test_each_job_of_a_sweep_is_composed_once(monkeypatch):
+    """compose_once: the checks', the sweeper's and the launcher's loads of one job compose it
+    once; each gets its own copy of that config, the one a fresh compose gives; a load for
+    another sweep's master config is composed as before."""
+    from hydra import initialize_config_dir
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf, open_dict
+
+    from conftest import CONF
+
+    composed = []
+    real = ConfigLoaderImpl.load_configuration
+
+    def counted(self, *args, **kwargs):
+        composed.append(kwargs["overrides"])
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        master, other = (hydra.compose_config("config", ["clip=null,0.1", "seed=3"],
+                                              run_mode=RunMode.MULTIRUN) for _ in range(2))
+        loader = hydra.config_loader
+        fresh = loader.load_sweep_config(master, ["clip=0.1", "seed=3"])
+        composed.clear()
+        config.compose_once(loader, master)
+        first = loader.load_sweep_config(master, ["clip=0.1", "seed=3"])
+        with open_dict(first):
+            first.hydra.job.num = 7  # as the launcher and run_job write into theirs
+        again = loader.load_sweep_config(master_config=master,
+                                         sweep_overrides=["clip=0.1", "seed=3"])
+        assert composed == [["clip=0.1", "seed=3"]]
+        assert OmegaConf.to_yaml(again) == OmegaConf.to_yaml(fresh) and again.clip == 0.1
+        assert OmegaConf.is_missing(again.hydra.job, "num")  # not the first copy's 7
+        loader.load_sweep_config(master, ["clip=null", "seed=3"])
+        loader.load_sweep_config(other, ["clip=0.1", "seed=3"])
+        assert composed[1:] == [["clip=null", "seed=3"], ["clip=0.1", "seed=3"]]
+    GlobalHydra.instance().clear()

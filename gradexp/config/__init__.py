@@ -6,7 +6,8 @@ Hydra. Nothing here imports TensorFlow: a bad value is answered before that slow
     layer       the clip layers' settings, resolved into a ClipSpec
     trainer     the training loop's settings
     root        the root schema and `validate`
-    hydra_glue  ConfigStore, resolvers, sweep expansion, Hydra's errors in one line
+    hydra_glue  ConfigStore, resolvers, sweep expansion, Hydra's errors in one line,
+                each job of a sweep composed once
 
 Types and key names are checked by Hydra when it composes the config (the schemas are in its
 ConfigStore once this package is imported); values, choices and combinations by `validate`.
@@ -24,7 +25,7 @@ from gradexp.config.base import (
 )
 from gradexp.config.clipping import ClippingConfig
 from gradexp.config.dataset import DatasetConfig
-from gradexp.config.hydra_glue import explain, register, sweep_jobs
+from gradexp.config.hydra_glue import compose_once, explain, register, sweep_jobs, task_config
 from gradexp.config.layer import NORM_AXES, ClipSpec, LayerConfig, clip_bounds, clip_spec, positions
 from gradexp.config.model import ModelConfig, check_model_takes, input_kind
 from gradexp.config.optimizer import OptimizerConfig
@@ -35,6 +36,6 @@ __all__ = [
     "NORM_AXES", "Choice", "ClipSpec", "ClippingConfig", "Config", "ConfigError",
     "DatasetConfig", "LayerConfig", "ModelConfig", "NotRegistered", "OptimizerConfig",
     "Registry", "TrainerConfig", "at_least", "check_model_takes", "clip_bounds", "clip_spec",
-    "explain", "finite", "input_kind", "need", "one_of", "positions", "register", "sweep_jobs",
-    "validate",
+    "compose_once", "explain", "finite", "input_kind", "need", "one_of", "positions",
+    "register", "sweep_jobs", "task_config", "validate",
 ]

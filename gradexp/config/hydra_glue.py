@@ -1,11 +1,14 @@
 """gradexp's side of Hydra: the schemas put in its ConfigStore (derived from the groups'
 registries), the resolvers conf/config.yaml uses, the expansion of a sweep into its jobs, and
-Hydra's and OmegaConf's error texts turned into one line (`explain`)."""
+Hydra's and OmegaConf's error texts turned into one line (`explain`), and each job of a
+sweep composed once (`compose_once`)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -22,6 +25,9 @@ from gradexp.config.optimizer import OptimizerConfig
 from gradexp.config.root import Config
 from gradexp.config.search import SearchSweeperConfig
 from gradexp.rundir import HYDRA, NotResumable
+
+if TYPE_CHECKING:
+    from hydra.core.config_loader import ConfigLoader
 
 GROUPS = (ModelConfig, DatasetConfig, OptimizerConfig, ClippingConfig)  # their OPTIONS registries
 
@@ -87,3 +93,31 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
     arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
     parsed = OverridesParser.create().parse_overrides(arguments)
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def task_config(sweep_config: DictConfig) -> DictConfig:
+    """A job's config without its hydra node (what the task function gets)."""
+    return OmegaConf.masked_copy(sweep_config, [k for k in sweep_config if k != "hydra"])
+
+
+def compose_once(loader: ConfigLoader, master: DictConfig) -> None:
+    """Make `loader.load_sweep_config` compose each job of the sweep `master` starts once.
+
+    A job is composed to check it before the sweep (gradexp.callbacks.Checks), again by the
+    sweeper to check its batch (Hydra's `validate_batch_is_legal`), and again by the launcher to
+    run it: ~0.25 s each, on the critical path of a sweep of short runs. The first compose is
+    kept; the later calls with the same master config and overrides get a deep copy of it
+    (a launcher and `run_job` write into the config they get).
+    """
+    load = loader.load_sweep_config
+    composed: dict[tuple[str, ...], DictConfig] = {}
+
+    def load_sweep_config(master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        if master_config is not master:
+            return load(master_config, sweep_overrides)
+        key = tuple(sweep_overrides)
+        if key not in composed:
+            composed[key] = load(master_config, list(sweep_overrides))
+        return copy.deepcopy(composed[key])
+
+    loader.load_sweep_config = load_sweep_config

@@ -93,6 +93,7 @@ class GradexpLauncher(Launcher):
     def groups(self, configs: list[DictConfig]) -> list[list[int]]:
         """Job indices by structure, in order of first appearance, split at max_batch, and
         split further while there are fewer batches than workers."""
+        from gradexp.config import task_config
         from gradexp.grouping import group_key
 
         by_key: dict[str, list[int]] = {}
@@ -160,7 +161,3 @@ class GradexpLauncher(Launcher):
         if stopped:  # asked to stop: the sweep stops, as after a run
             raise SystemExit(128 + signal.Signals[stopped[0]])
 
-
-def task_config(sweep_config: DictConfig) -> DictConfig:
-    """A job's config without its hydra node (what the task function gets)."""
-    return OmegaConf.masked_copy(sweep_config, [k for k in sweep_config if k != "hydra"])
