@@ -83,7 +83,8 @@ def mutmut_section(modules: list[str], tests: list[str]) -> str:
 source_paths = ["gradexp"]
 only_mutate = {toml_list(modules)}
 also_copy = ["conf", "hydra_plugins"]
-pytest_add_cli_args = ["-p", "no:cacheprovider", "-W", "ignore", "-n", "0"]  # in-process: mutmut's hooks
+# -n 0: in one process, where mutmut's hooks are
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-W", "ignore", "-n", "0"]
 pytest_add_cli_args_test_selection = {toml_list(tests)}
 process_isolation = "forkserver"
 use_git_change_detection = false

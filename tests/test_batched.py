@@ -92,9 +92,12 @@ def same_checkpoints(a: Path, b: Path) -> None:
                                       err_msg=name)
 
 
-def test_runs_of_other_bounds_and_learning_rates_share_one_batch(make_cfg, tmp_path, caplog):
+def test_runs_of_other_bounds_and_learning_rates_share_one_batch(make_cfg, tmp_path, caplog,
+                                                                  monkeypatch):
     """Clip bounds and the learning rate are state (a layer weight, an optimizer variable),
-    so runs that differ in them are one batch, each with its own values."""
+    so runs that differ in them are one batch, each with its own values; the 3 runs computed
+    in 2 parts (one padded with a run never computed), whatever the machine's cores."""
+    monkeypatch.setattr(batched, "parts_for", lambda runs, where: 2)
     quick = ["trainer.steps=20", "trainer.log_every=10", "trainer.eval_every=20",
              "trainer.histogram_every=0", "model.width=8", "trainer.jit_compile=false"]
     settings = [["clip=null", "optimizer.learning_rate=0.001"],
@@ -109,7 +112,7 @@ def test_runs_of_other_bounds_and_learning_rates_share_one_batch(make_cfg, tmp_p
         jobs.append(grouping.Job(cfg, tmp_path / "batch" / str(i), s))
         alone.append(training.train(cfg, tmp_path / "alone" / str(i), s))
     together = batched.train(jobs)
-    assert "training 3 runs as one batch" in caplog.text
+    assert "training 3 runs as one batch" in caplog.text and "2 parts at once" in caplog.text
     for i in range(3):
         same_files(tmp_path / "alone" / str(i), tmp_path / "batch" / str(i))
         assert together[i]["final_loss"] == alone[i]["final_loss"]
@@ -158,6 +161,13 @@ def test_the_stateless_update_is_kerass_update(make_cfg, optimizer):
     for theirs, mine in zip((*params, *keras_opt.variables), state, strict=True):
         np.testing.assert_array_equal(np.asarray(theirs.value), np.asarray(mine))
     assert int(state[len(params)]) == 3  # iterations
+
+
+def test_a_batch_on_a_cpu_has_a_part_per_core_and_on_a_gpu_one():
+    cores = len(os.sched_getaffinity(0))
+    assert batched.parts_for(10, "cpu") == min(10, cores)
+    assert batched.parts_for(1, "cpu") == 1
+    assert batched.parts_for(10, "1 gpu") == 1
 
 
 def test_a_cnn_is_not_batched_its_convolutions_are_not_bit_for_bit(make_cfg):
