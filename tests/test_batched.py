@@ -65,8 +65,12 @@ DIVERGING = ["optimizer.learning_rate=0.02", "trainer.divergence_factor=1.4",
              "trainer.jit_compile=false"]
 
 
-def test_runs_of_a_batch_stop_at_their_own_divergence(make_cfg, tmp_path):
+def test_runs_of_a_batch_stop_at_their_own_divergence(make_cfg, tmp_path, caplog, monkeypatch):
+    """(4 runs asked for 3 parts: 2 parts of 2, no part of padding only.)"""
+    monkeypatch.setattr(batched, "parts_for", lambda runs, where: 3)
+    caplog.set_level("INFO", logger="gradexp")
     alone, together = train_alone_and_batched(make_cfg, tmp_path, DIVERGING, [0, 1, 2, 3])
+    assert "training 4 runs as one batch" in caplog.text and "2 parts at once" in caplog.text
     assert [s["status"] for s in together] == ["diverged", "completed", "completed", "diverged"]
     assert together[0]["diverged_step"] != together[3]["diverged_step"]
     for s, a, b in zip(range(4), alone, together, strict=True):
