@@ -947,3 +947,37 @@ def test_zclip_cap_at_exactly_the_norm_and_a_non_finite_warmup_step():
     out, _ = zclip([tf.constant([np.inf, 1.0])], state, 0.9, 2.5, max_grad_norm=5.0)
     assert out[0].numpy().tolist() == [np.inf, 1.0]
     assert [v.numpy().tolist() for v in state.variables] == before
+
+
+def test_clipping_state_is_named_for_checkpoints_and_kept_from_the_first_replica():
+    """A method's state variables are a checkpoint's keys (a resumed run finds them by these
+    names), and under a distribution strategy the first replica's write is kept."""
+    from gradexp.clipping.autoclip import NormHistory
+    from gradexp.clipping.zclip import ZClipState
+
+    states = {"autoclip": NormHistory.create(4), "zclip": ZClipState.create(3)}
+    names = {k: [v.name.split(":")[0] for v in s.variables] for k, s in states.items()}
+    assert names == {"autoclip": ["autoclip/arrivals", "autoclip/ascending", "autoclip/count"],
+                     "zclip": ["zclip/warmup_norms", "zclip/seen", "zclip/mean", "zclip/var"]}
+    for state in states.values():
+        assert all(v.aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA and not v.trainable
+                   for v in state.variables)
+
+
+def test_the_output_layer_is_told_by_its_variables_paths_not_their_names():
+    """Every Dense layer has a `kernel` and a `bias`: the head is told by path (`logits/kernel`),
+    so AGC's unclipped output layer is the model's last, not every layer's kernel."""
+    from gradexp.clipping.common import output_paths
+
+    model = small_model()
+    head = model.layers[-1]
+    assert output_paths(model.trainable_variables, head.trainable_variables) == {
+        v.path for v in head.trainable_variables}
+    assert len({v.name for v in model.trainable_variables}) < len(model.trainable_variables)
+
+
+def test_the_clipper_refuses_gradients_that_do_not_match_the_parameters():
+    params = variables([np.ones(2, np.float32), np.ones(3, np.float32)])
+    clipper = clipper_for("norm", {"max_norm": 1.0}, params)
+    with pytest.raises(ValueError, match="^1 gradients for 2 parameters$"):
+        clipper([tf.ones(2)], params)
