@@ -146,9 +146,8 @@ class Batch:
         return rows.stack(), done
 
     def _slice(self, k):
-        """Run k's values in the stacked state (k a tensor)."""
-        p, j = k // self.size, k % self.size
-        return [tf.gather(tf.stack([part[i] for part in self.parts]), p)[j]
+        """Run k's values in the stacked state (k a tensor; the parts' slots are in run order)."""
+        return [tf.concat([part[i] for part in self.parts], 0)[k]
                 for i in range(len(self.template_variables))]
 
     def _evaluate(self, k, x_val, y_val):
