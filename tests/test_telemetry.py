@@ -99,12 +99,18 @@ def test_agc_in_the_step_leaves_the_output_layer_unclipped(make_cfg):
 def test_the_switch_turns_the_telemetry_off_and_names_its_columns(make_cfg):
     from gradexp import data, devices
     from gradexp._tf import tf
-    from gradexp.step import compile_step
+    from gradexp.step import compile_step, metric_names
 
     devices.prepare_process("cpu", "float32", 0, False)
     cfg = make_cfg("model.width=8", "trainer.layer_norms=false")
     compiled = compile_step(cfg, data.load(cfg.dataset), tf.distribute.get_strategy())
     assert not any(n.startswith(("param_grad_norm/", "update_norm/")) for n in compiled.names)
+    # the defaults (no loss scaling, no spike skip, no telemetry): a float32 run without either
+    one_layer = ["loss/train", "grad_norm/global", "grad_norm/global/post", "param_clip/threshold",
+                 "param_clip/clipped", "learning_rate", "grad_norm/dense_1/pre",
+                 "grad_norm/dense_1/post", "clip_fraction/dense_1"]
+    assert metric_names(["dense_1"]) == one_layer
+    assert list(compiled.names) == metric_names(["dense_1", "dense_2", "dense_3"])
     assert compiled.val_names == ("loss/val", "accuracy/val")  # no error threshold: no rate
     assert telemetry.metric_names(["dense_1"]) == [
         "param_grad_norm/dense_1", "param_grad_norm/dense_1/post", "update_norm/dense_1",
