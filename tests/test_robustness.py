@@ -18,6 +18,7 @@ import pytest
 from conftest import QUICK, REPO, gradexp
 from gradexp.analysis.metrics import run_metrics, table_divergence_step
 from gradexp.analysis.runs import load_runs, read_metrics
+from gradexp.measures import diverged
 from gradexp.train import train
 
 # 1200 steps: a SIGTERM sent once 150 rows are on disk lands well before the end (300-450 steps/s
@@ -39,6 +40,10 @@ def test_a_diverging_run_stops_at_its_step_and_is_a_result(make_cfg, tmp_path):
     assert 1 < step < 200 and table["step"].iloc[-1] < 200  # it stopped early
     assert table_divergence_step(table, 1000.0) == step  # one rule, both places
     assert table["step"].iloc[-1] >= step  # the diverging step is in the table
+    # the compiled call (of 10 steps here) stops after its first step that is not finite
+    # (measures.diverged): nothing after it is computed or logged
+    not_finite = diverged(table["loss/train"], table["grad_norm/global"], 0).to_numpy()
+    assert table["step"].iloc[-1] % 10 != 0 and not_finite[-1] and not not_finite[:-1].any()
     # its final loss, here and in the summary: the last 10% of the steps before the divergence
     before = table["loss/train"].to_numpy()[: step - 1]
     expected = before[-max(1, len(before) // 10):].mean()
@@ -99,6 +104,16 @@ def test_on_divergence_continue_skips_non_finite_updates(make_cfg, tmp_path):
         assert np.isfinite(weights).all()
         kept = np.flatnonzero(skipped[1:]) + 1  # rows after the first
         assert (weights[kept] == weights[kept - 1]).all(), layer
+    # under mixed_float16 the loss-scale optimizer skips a non-finite step itself: it must still
+    # see the step, to halve its scale (the scale logged at step t is the one step t used)
+    mixed_dir = tmp_path / "mixed_float16"
+    mixed_dir.mkdir()
+    train(make_cfg(*QUICK, "trainer.steps=60", "optimizer.learning_rate=5",
+                   "trainer.on_divergence=continue", "precision=mixed_float16"), mixed_dir)
+    table = read_metrics(mixed_dir / "metrics.csv")
+    scale, skipped = table["loss_scale"].to_numpy(), table["skipped"].to_numpy() == 1
+    assert list(table["step"]) == list(range(1, 61)) and 0 < skipped[:-1].sum()
+    assert (scale[1:][skipped[:-1]] == scale[:-1][skipped[:-1]] / 2).all()
 
 
 def start(tmp_path: Path, *overrides: str) -> subprocess.Popen:
