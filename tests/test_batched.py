@@ -174,6 +174,29 @@ def test_a_batch_on_a_cpu_has_a_part_per_core_and_on_a_gpu_one():
     assert batched.parts_for(10, "1 gpu") == 1
 
 
+def test_the_launcher_groups_by_structure_splits_at_max_batch_and_for_its_workers(make_cfg):
+    """hydra/launcher=gradexp's batches: one per structure, at most max_batch runs each, and
+    the largest split while there are fewer batches than workers, into halves that each hold
+    every setting of the sweep (jobs interleaved), so that halves of a sweep whose unclipped
+    runs stop early keep equal work."""
+    from hydra_plugins.gradexp_launcher.gradexp_launcher import GradexpLauncher
+
+    configs = [make_cfg(f"clip={c}", f"seed={s}") for c in ("null", "0.1") for s in (0, 1, 2)]
+    configs.append(make_cfg("model.width=8"))  # another structure: its own batch
+
+    def groups(max_batch=32, workers=1):
+        return GradexpLauncher(max_batch, workers).groups(configs)
+
+    assert groups() == [[0, 1, 2, 3, 4, 5], [6]]
+    assert groups(max_batch=4) == [[0, 1, 2, 3], [4, 5], [6]]
+    assert groups(workers=2) == [[0, 1, 2, 3, 4, 5], [6]]  # two batches already
+    assert groups(workers=3) == [[0, 2, 4], [1, 3, 5], [6]]  # clip=null and 0.1 in both
+    assert groups(workers=4) == [[0, 4], [2], [1, 3, 5], [6]]
+    assert groups(workers=9) == [[0], [4], [2], [1], [5], [3], [6]]  # no batch left to split
+    with pytest.raises(ValueError, match="hydra.launcher.workers=0: must be at least 1"):
+        GradexpLauncher(32, 0)
+
+
 def test_a_cnn_is_not_batched_its_convolutions_are_not_bit_for_bit(make_cfg):
     """Measured: a batch of model=cnn runs leaves its separate runs' losses at step 3, so its
     runs train one after another; the models that are bit for bit are batched."""

@@ -102,9 +102,9 @@ class GradexpLauncher(Launcher):
         groups = [g[j:j + self.max_batch] for g in by_key.values()
                   for j in range(0, len(g), self.max_batch)]
         while len(groups) < self.workers and max(map(len, groups)) > 1:
-            largest = max(groups, key=len)
+            largest = max(groups, key=len)  # halves interleaved: a sweep's settings in both
             at = groups.index(largest)
-            groups[at:at + 1] = [largest[:len(largest) // 2], largest[len(largest) // 2:]]
+            groups[at:at + 1] = [largest[0::2], largest[1::2]]
         return groups
 
     def run(self, config: DictConfig, task_function: TaskFunction) -> JobReturn:
