@@ -1,5 +1,6 @@
 """The compiled training step: `compile_step` builds the model, its optimizer and clipper, and
-returns them with the compiled functions a run calls, as one immutable `CompiledStep`.
+returns the model, the optimizer, the state to checkpoint and the compiled functions a run
+calls, as one immutable `CompiledStep`.
 
 One step (`replica_step`, on one screen): forward and backward on this replica's share of the
 batch, gradients summed over replicas, parameter clipping on the sum, the optimizer's update;
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from omegaconf import DictConfig
@@ -33,7 +35,6 @@ class CompiledStep:
 
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
-    clipper: clipping.Clipper
     state_variables: list  # besides model and optimizer: the clipper's and the spike detector's
     names: tuple[str, ...]
     val_names: tuple[str, ...]
@@ -135,11 +136,12 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
             metrics.update(layer_norms.measure(weights_before, grads, clipped))
         return metrics
 
-    step_body = replica_step  # uncompiled: gradexp/batched.py traces it under vectorized_map
+    step_body = replica_step  # uncompiled: gradexp/batched.py traces it in its map over runs
+    jit = partial(tf.function, jit_compile=t.jit_compile, autograph=False)  # the step: XLA
     if replicas > 1:  # XLA cannot compile the cross-replica sum: compile the replica's part
-        gradients_of = tf.function(gradients_of, jit_compile=t.jit_compile, autograph=False)
+        gradients_of = jit(gradients_of)
     else:
-        replica_step = tf.function(replica_step, jit_compile=t.jit_compile, autograph=False)
+        replica_step = jit(replica_step)
 
     def train_step(x, y):  # every replica returns the same measurements: keep the first's
         return strategy.experimental_local_results(strategy.run(replica_step, (x, y)))[0]
@@ -187,7 +189,7 @@ def compile_step(cfg: DictConfig, arrays, strategy) -> CompiledStep:
         return {f"gradients/{v.path}": g for v, g in zip(params, grads, strict=True)}
 
     state_variables = [*clipper.state_variables, *(spikes.variables if spikes else [])]
-    return CompiledStep(model, optimizer, clipper, state_variables, tuple(names), val_names,
+    return CompiledStep(model, optimizer, state_variables, tuple(names), val_names,
                         train_steps, evaluate, gradients, step_body)
 
 

@@ -66,7 +66,8 @@ GROUPS = {
                   "unclipped_run_has_equal_pre_and_post_norms",
                   "the_error_rate_counts_sequences_whose_squared_error_exceeds_the_threshold",
                   "the_step_refuses_a_model_that_cannot_take_the_datasets_examples",
-                  "the_stateless_step_is_the_compiled_step")),
+                  "the_stateless_step_is_the_compiled_step",
+                  "the_step_is_xla_compiled_as_trainer_jit_compile_says")),
               "tests/test_devices.py"
               "::test_mixed_precision_trains_and_logs_finite_norms[mixed_float16]",
               "tests/test_devices.py::test_mixed_float16_layer_statistics_are_in_true_units",

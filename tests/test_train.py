@@ -216,6 +216,27 @@ def test_the_step_refuses_a_model_that_cannot_take_the_datasets_examples(make_cf
     assert str(refused.value) == expected
 
 
+@pytest.mark.parametrize("jit", [True, False])
+def test_the_step_is_xla_compiled_as_trainer_jit_compile_says(make_cfg, jit):
+    """trainer.jit_compile=true (the default): the training loop calls the step as one XLA
+    program (TensorFlow marks the call _XlaMustCompile=true); false: a TensorFlow graph (the
+    mark false). The numbers of the two agree to float32 rounding: only the program tells."""
+    from gradexp import data, devices
+    from gradexp._tf import tf
+    from gradexp.step import compile_step
+
+    devices.prepare_process("cpu", "float32", 0, False)
+    cfg = make_cfg("model.width=8", f"trainer.jit_compile={str(jit).lower()}")
+    arrays = data.load(cfg.dataset)
+    compiled = compile_step(cfg, arrays, tf.distribute.get_strategy())
+    batches, _ = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed)
+    traced = compiled.train_steps.get_concrete_function(iter(batches), tf.constant(1))
+    graph = traced.graph.as_graph_def()
+    nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
+    marks = [n.attr["_XlaMustCompile"].b for n in nodes if "_XlaMustCompile" in n.attr]
+    assert marks and set(marks) == {jit}
+
+
 def test_the_stateless_step_is_the_compiled_step(make_cfg):
     """`step_body` on a keras.StatelessScope's copy of the run's state (gradexp/batched.py's
     way: the model's variables, then the optimizer's) gives, two steps running, the rows of
