@@ -12,9 +12,12 @@ in turn inside an XLA-compiled function (tf.map_fn: a loop in the compiled progr
 dispatches), reading and writing run k's state through a keras.StatelessScope:
 S[k] ← step(S[k], x_k, y_k), with x_k, y_k run k's own batch (on a CPU the K runs are split
 into one part per core, each part such a function, the parts of a step run at once: `Batch`).
-A run that has stopped (it diverged) is no longer computed and keeps its state. Evaluation
-and histograms run the first run's functions on run k's slice; a checkpoint copies S[k] back
-into run k's own variables and saves them as its own run would.
+The stacked state is made from the first run as soon as it is set up, the step traced on
+it, and XLA compiles it in a thread (`Batch.compile_ahead`: 1.5 s of C++) while the other
+runs are set up; their values then replace the first's (`Batch.load`). A run that has
+stopped (it diverged) is no longer computed and keeps its state. Evaluation and histograms
+run the first run's functions on run k's slice; a checkpoint copies S[k] back into run k's
+own variables and saves them as its own run would.
 
 Each run computes with the shapes and operations of its separate run, so its numbers are the
 separate run's bit for bit (tests/test_batched.py compares metrics.csv byte for byte). Mapping
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from gradexp import train as training
 from gradexp._tf import keras, tf
@@ -67,26 +71,45 @@ class Batch:
     time. A GPU gets one part.
     """
 
-    def __init__(self, runs: list[training.Run]):
-        template = runs[0].compiled
-        self.template, self.names, self.K = template, list(template.names), len(runs)
-        self.variables = [run_variables(run.compiled) for run in runs]
-        parts = parts_for(self.K, runs[0].where)
-        self.size = -(-self.K // parts)  # runs per part
-        parts = -(-self.K // self.size)  # no part of padding only (33 runs, 32 cores: 17 of 2)
-        slots = [self.variables[min(k, self.K - 1)] for k in range(parts * self.size)]
-        self.parts = [[tf.Variable(tf.stack([vs[i].value for vs in slots[p0:p0 + self.size]]),
-                                   trainable=False, name=f"stacked_{p0 // self.size}_{i}")
-                       for i in range(len(self.variables[0]))]
-                      for p0 in range(0, len(slots), self.size)]
-        self.template_variables = self.variables[0]
-        t = runs[0].cfg.trainer
+    def __init__(self, template: training.Run, K: int):
+        compiled = template.compiled
+        self.template, self.names, self.K = compiled, list(compiled.names), K
+        self.template_variables = run_variables(compiled)
+        self.size = -(-K // parts_for(K, template.where))  # runs per part
+        parts = -(-K // self.size)  # no part of padding only (33 runs, 32 cores: 17 of 2)
+        self.parts = [[tf.Variable(tf.stack([v.value] * self.size), trainable=False,
+                                   name=f"stacked_{p}_{i}")
+                       for i, v in enumerate(self.template_variables)] for p in range(parts)]
+        self.variables: list[list] = []  # each run's own, in run order: `load`
+        t = template.cfg.trainer
         self.stop_at_divergence = t.on_divergence == "stop"
         self.step_part = tf.function(self._step_part, jit_compile=t.jit_compile,
                                      autograph=False)
         self.train_steps = tf.function(self._train_steps, autograph=False)
         self.evaluate = tf.function(self._evaluate, autograph=False)
         self.gradients = tf.function(self._gradients, autograph=False)
+
+    def compile_ahead(self, template: training.Run) -> Future:
+        """Trace `train_steps` here and run it once in a thread: XLA compiles the step there
+        (C++, without the GIL) while this thread sets up the other runs. The call steps the
+        template's values, which `load` replaces; wait for the result before `load`."""
+        iterator = batch_iterator([template] * self.K)  # the element spec of the runs' streams
+        n, active = tf.constant(1), tf.ones([self.K], tf.bool)
+        traced = self.train_steps.get_concrete_function(iterator, n, active)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="gradexp-compile")
+        compiled = pool.submit(traced, iterator, n, active)
+        pool.shutdown(wait=False)  # the thread ends with the call
+        return compiled
+
+    def load(self, runs: list[training.Run]) -> None:
+        """Stack the runs' own variables into the parts (run k in slot k, padding slots a copy
+        of the last run's)."""
+        self.variables = [run_variables(run.compiled) for run in runs]
+        slots = [self.variables[min(k, self.K - 1)] for k in range(len(self.parts) * self.size)]
+        for p, part in enumerate(self.parts):
+            for i, stacked in enumerate(part):
+                stacked.assign(tf.stack([vs[i].value
+                                         for vs in slots[p * self.size:(p + 1) * self.size]]))
 
     def _scope(self, values):
         return keras.StatelessScope(list(zip(self.template_variables, values, strict=True)))
@@ -189,17 +212,26 @@ def train(jobs: list[Job]) -> list[dict]:
             log.info("%d runs train one after another: %s", len(jobs), reason)
         return [alone(job) for job in jobs]
     arrays = data.load(jobs[0].cfg.dataset)
-    runs = [training.start(job.cfg, job.run_dir, job.overrides, arrays=arrays,
-                           free_memory=k == 0) for k, job in enumerate(jobs)]
-    state_kept = runs[0].compiled.state_variables
-    if state_kept:  # a clipping method with state: autoclip, zclip, adagc
+
+    def start(k: int) -> training.Run:
+        return training.start(jobs[k].cfg, jobs[k].run_dir, jobs[k].overrides, arrays=arrays,
+                              free_memory=k == 0)
+
+    runs = [start(0)]
+    if runs[0].compiled.state_variables:  # a clipping method with state: autoclip, zclip, adagc
         log.info("%d runs train one after another: clipping=%s keeps state", len(jobs),
                  jobs[0].cfg.clipping.name)
+        runs += [start(k) for k in range(1, len(jobs))]
         return [training.finish(run, training.loop(run)) for run in runs]
+    batch = Batch(runs[0], len(jobs))
+    compiled = batch.compile_ahead(runs[0])
+    runs += [start(k) for k in range(1, len(jobs))]
+    compiled.result()
+    batch.load(runs)
     loggers = [run_logger(job) for job in jobs]
-    results = loop(runs, loggers)
-    batch = {"runs": len(runs), "first": str(runs[0].run_dir)}
-    summaries = [training.finish(run, result, logger, batch={**batch, "index": k})
+    results = loop(batch, runs, loggers)
+    member = {"runs": len(runs), "first": str(runs[0].run_dir)}
+    summaries = [training.finish(run, result, logger, batch={**member, "index": k})
                  for k, (run, result, logger) in enumerate(zip(runs, results, loggers,
                                                                strict=True))]
     for run, summary, logger in zip(runs, summaries, loggers, strict=True):
@@ -222,15 +254,20 @@ def alone(job: Job) -> dict:
         return {"status": rundir.FAILED}
 
 
-def loop(runs: list[training.Run], loggers: list[logging.Logger]) -> list[training.LoopResult]:
+def batch_iterator(runs: list[training.Run]):
+    """The runs' training streams as one: each element (x, y) stacks run k's batch at k."""
+    return iter(tf.data.Dataset.zip(tuple(run.train_batches for run in runs))
+                .map(lambda *pairs: tuple(tf.stack(part) for part in zip(*pairs, strict=True))))
+
+
+def loop(batch: Batch, runs: list[training.Run],
+         loggers: list[logging.Logger]) -> list[training.LoopResult]:
     """train.loop for K runs at once: one compiled call advances every run still going, then
     each run's Tracker does its bookkeeping on its own rows."""
     from gradexp.checkpoints import stop_requests
 
-    batch = Batch(runs)
     t, K = runs[0].cfg.trainer, len(runs)
-    iterator = iter(tf.data.Dataset.zip(tuple(run.train_batches for run in runs))
-                    .map(lambda *pairs: tuple(tf.stack(part) for part in zip(*pairs, strict=True))))
+    iterator = batch_iterator(runs)
     histogram_batches = [training.HistogramBatches(run.histogram_batches) for run in runs]
 
     def save(k):

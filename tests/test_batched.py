@@ -13,7 +13,7 @@ import pytest
 from test_sweep_resume import rows, start, summary_of, the_sweep, wait_for
 from test_sweeps import runs, sweep
 
-from conftest import gradexp
+from conftest import QUICK, gradexp
 from gradexp import batched, grouping
 from gradexp import train as training
 
@@ -165,6 +165,38 @@ def test_the_stateless_update_is_kerass_update(make_cfg, optimizer):
     for theirs, mine in zip((*params, *keras_opt.variables), state, strict=True):
         np.testing.assert_array_equal(np.asarray(theirs.value), np.asarray(mine))
     assert int(state[len(params)]) == 3  # iterations
+
+
+def test_the_step_compiled_ahead_is_the_one_that_trains(make_cfg, tmp_path):
+    """Batch.compile_ahead traces the batch's step on the first run alone and runs it once (in
+    a thread, while the other runs are set up): training reuses that trace, and `load` replaces
+    what the warm-up step left in the stacked state by each run's own values."""
+    from gradexp import data
+    from gradexp._tf import tf
+
+    cfgs = [make_cfg(*QUICK, *XLA, f"seed={s}") for s in (0, 1, 2)]
+    arrays = data.load(cfgs[0].dataset)
+    for s in (0, 1, 2):
+        (tmp_path / str(s)).mkdir()
+    runs = [training.start(cfgs[0], tmp_path / "0", arrays=arrays)]
+    batch = batched.Batch(runs[0], len(cfgs))
+    batch.compile_ahead(runs[0]).result()
+    assert batch.train_steps.experimental_get_tracing_count() == 1
+    stepped = [v.numpy() for v in batch.parts[0]]
+    first = [v.numpy() for v in batched.run_variables(runs[0].compiled)]
+    assert any((a[0] != b).any() for a, b in zip(stepped, first, strict=True))  # it stepped
+    runs += [training.start(cfg, tmp_path / str(s), arrays=arrays, free_memory=False)
+             for s, cfg in zip((1, 2), cfgs[1:], strict=True)]
+    batch.load(runs)
+    for k, run in enumerate(runs):
+        own = batched.run_variables(run.compiled)
+        part, slot = batch.parts[k // batch.size], k % batch.size
+        for stacked, v in zip(part, own, strict=True):
+            np.testing.assert_array_equal(stacked[slot].numpy(), v.numpy())
+    rows, done = batch.train_steps(batched.batch_iterator(runs), tf.constant(2),
+                                   tf.ones([3], tf.bool))
+    assert done.numpy().tolist() == [2, 2, 2] and rows.shape[:2] == (2, 3)
+    assert batch.train_steps.experimental_get_tracing_count() == 1
 
 
 def test_a_batch_on_a_cpu_has_a_part_per_core_and_on_a_gpu_one():
