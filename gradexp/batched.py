@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 from gradexp import train as training
 from gradexp._tf import keras, tf
@@ -94,12 +95,17 @@ class Batch:
         (C++, without the GIL) while this thread sets up the other runs. The call steps the
         template's values, which `load` replaces; wait for the result before `load`."""
         iterator = batch_iterator([template] * self.K)  # the element spec of the runs' streams
-        n, active = tf.constant(1), tf.ones([self.K], tf.bool)
-        traced = self.train_steps.get_concrete_function(iterator, n, active)
-        pool = ThreadPoolExecutor(1, thread_name_prefix="gradexp-compile")
-        compiled = pool.submit(traced, iterator, n, active)
-        pool.shutdown(wait=False)  # the thread ends with the call
-        return compiled
+        active = tf.ones([self.K], tf.bool)
+        self._warm = partial(self.train_steps.get_concrete_function(iterator, tf.constant(1),
+                                                                    active), iterator)
+        return _in_a_thread(self._warm, tf.constant(1), active)
+
+    def make_ready(self) -> Future:
+        """Call the traced `train_steps` for no step in a thread, after the runs are set up:
+        each run's seeds cleared TensorFlow's kernel cache (tf.random.set_seed does), and the
+        call's program is made again (~0.3 s, the XLA executable is kept) while this thread
+        loads the runs' values; it reads and writes no state. Wait for it before stepping."""
+        return _in_a_thread(self._warm, tf.constant(0), tf.ones([self.K], tf.bool))
 
     def load(self, runs: list[training.Run]) -> None:
         """Stack the runs' own variables into the parts (run k in slot k, padding slots a copy
@@ -188,6 +194,13 @@ class Batch:
             own.assign(stacked[k % self.size])
 
 
+def _in_a_thread(call, *args) -> Future:
+    pool = ThreadPoolExecutor(1, thread_name_prefix="gradexp-compile")
+    done = pool.submit(call, *args)
+    pool.shutdown(wait=False)  # the thread ends with the call
+    return done
+
+
 def parts_for(runs: int, where: str) -> int:
     """Parts a batch is computed in: one per CPU core (at most one per run); one on a GPU."""
     import os
@@ -227,9 +240,10 @@ def train(jobs: list[Job]) -> list[dict]:
     compiled = batch.compile_ahead(runs[0])
     runs += [start(k) for k in range(1, len(jobs))]
     compiled.result()
+    ready = batch.make_ready()
     batch.load(runs)
     loggers = [run_logger(job) for job in jobs]
-    results = loop(batch, runs, loggers)
+    results = loop(batch, runs, loggers, ready)
     member = {"runs": len(runs), "first": str(runs[0].run_dir)}
     summaries = [training.finish(run, result, logger, batch={**member, "index": k})
                  for k, (run, result, logger) in enumerate(zip(runs, results, loggers,
@@ -260,8 +274,8 @@ def batch_iterator(runs: list[training.Run]):
                 .map(lambda *pairs: tuple(tf.stack(part) for part in zip(*pairs, strict=True))))
 
 
-def loop(batch: Batch, runs: list[training.Run],
-         loggers: list[logging.Logger]) -> list[training.LoopResult]:
+def loop(batch: Batch, runs: list[training.Run], loggers: list[logging.Logger],
+         ready: Future | None = None) -> list[training.LoopResult]:
     """train.loop for K runs at once: one compiled call advances every run still going, then
     each run's Tracker does its bookkeeping on its own rows."""
     from gradexp.checkpoints import stop_requests
@@ -287,6 +301,8 @@ def loop(batch: Batch, runs: list[training.Run],
     log.info("training %d runs as one batch: %s on %s (%d steps, %s, %d parts at once) -> %s ...",
              K, runs[0].cfg.model.name, runs[0].cfg.dataset.name, t.steps, runs[0].where,
              len(batch.parts), runs[0].run_dir)
+    if ready is not None:
+        ready.result()
     with stop_requests() as stop:
         while stop.signal is None and any(tr.going() for tr in trackers):
             going = [tr.going() for tr in trackers]

@@ -169,8 +169,9 @@ def test_the_stateless_update_is_kerass_update(make_cfg, optimizer):
 
 def test_the_step_compiled_ahead_is_the_one_that_trains(make_cfg, tmp_path):
     """Batch.compile_ahead traces the batch's step on the first run alone and runs it once (in
-    a thread, while the other runs are set up): training reuses that trace, and `load` replaces
-    what the warm-up step left in the stacked state by each run's own values."""
+    a thread, while the other runs are set up): training reuses that trace, `load` replaces
+    what the warm-up step left in the stacked state by each run's own values, and `make_ready`
+    (the call again, for no step) changes none of them."""
     from gradexp import data
     from gradexp._tf import tf
 
@@ -187,7 +188,9 @@ def test_the_step_compiled_ahead_is_the_one_that_trains(make_cfg, tmp_path):
     assert any((a[0] != b).any() for a, b in zip(stepped, first, strict=True))  # it stepped
     runs += [training.start(cfg, tmp_path / str(s), arrays=arrays, free_memory=False)
              for s, cfg in zip((1, 2), cfgs[1:], strict=True)]
+    ready = batch.make_ready()  # the traced call again, for no step: no state changes
     batch.load(runs)
+    ready.result()
     for k, run in enumerate(runs):
         own = batched.run_variables(run.compiled)
         part, slot = batch.parts[k // batch.size], k % batch.size
