@@ -21,8 +21,8 @@ alike. The last line printed is one JSON object:
     determinism_cost      time per step with deterministic=true ÷ without (separate processes:
                           op determinism is for the whole process)
     flop_fraction         the compute-bound MLP's FLOP rate ÷ a 2048² tf.matmul's
-    sweep_speedup, sweep_step_fraction (_rnn, _one_worker): basic launcher ÷ hydra/launcher=
-                          gradexp on a 10-run sweep, its share in steps (gradexp/bench_sweeps.py)
+    sweep_speedup, sweep_step_fraction (_rnn, _one_worker, _two_workers): basic launcher ÷
+                          hydra/launcher=gradexp's faster way, share in steps (bench_sweeps.py)
 
 and the raw steps/s behind each ratio. "gradexp's steps/s" is the run's own figure: steps after
 the first compiled call (which traces) over the wall time to the end of the loop, logging,

@@ -4,20 +4,19 @@ for the MLP sweep, 6 with the RNN's).
 
 A clipping sweep of small runs, launched as a user launches it, with Hydra's basic launcher and
 with gradexp's own (`hydra/launcher=gradexp`: gradexp/batched.py, gradexp/worker.py) with one
-worker process and with two (a group of runs split into two batches, one per core), taking
-turns:
+worker process and with two (a group of runs split into two batches), taking turns:
 
     sweep_speedup        wall time of `python -m gradexp.train -m clip=null,0.1 seed=0,1,2,3,4`
                          (10 runs of the default MLP, 1000 steps) with the basic launcher ÷
-                         with hydra/launcher=gradexp (one worker: measured the faster on 2
-                         cores), from launch to exit; `_two_workers`: with workers=2
+                         with hydra/launcher=gradexp the faster way (`sweep_workers`: 1 or 2),
+                         from launch to exit; `_one_worker`, `_two_workers`: each way's
     sweep_step_fraction  the share of that sweep's wall time in which training steps run: the
                          union over its runs of [end of the first compiled call, last step] (the
-                         first call traces and compiles: start-up), read from each run's
-                         train.log (logging and evaluation in between included)
-    sweep_speedup_rnn    the same two on the exploding-RNN preset (+experiment=exploding_rnn,
-    sweep_step_fraction_rnn   clip layer in the recurrence, 4000 steps; its clip=null runs
-                         diverge within 20 steps)
+                         first call makes the step's program ready: start-up), read from each
+                         run's train.log (logging and evaluation in between included)
+    sweep_speedup_rnn    the same on the exploding-RNN preset (+experiment=exploding_rnn, clip
+                         layer in the recurrence, 4000 steps; its clip=null runs diverge within
+                         20 steps)
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from pathlib import Path
 SWEEP = ["clip=null,0.1", "seed=0,1,2,3,4"]
 RNN = ["+experiment=exploding_rnn", "layer.positions=[rnn_1_state]"]
 GRADEXP = ["hydra/launcher=gradexp"]
-LAUNCHERS = {"basic": [], "gradexp": [*GRADEXP, "hydra.launcher.workers=1"],
+LAUNCHERS = {"basic": [], "one_worker": [*GRADEXP, "hydra.launcher.workers=1"],
              "two_workers": [*GRADEXP, "hydra.launcher.workers=2"]}
 
 
@@ -76,15 +75,27 @@ def sweep_speed(overrides: list[str], repeats: int, suffix: str = "") -> dict[st
     for _ in range(repeats):
         for name, launcher in LAUNCHERS.items():
             wall, stepping_s = timed_sweep([*launcher, *overrides])
-            print(f"  {' '.join(overrides)} with the {name} launcher: {wall:.1f} s, "
+            way = "the basic launcher" if name == "basic" else name.replace("_", " ")
+            print(f"  {' '.join(overrides)} with {way}: {wall:.1f} s, "
                   f"{stepping_s:.1f} s with training steps running", flush=True)
             walls[name].append(wall)
             fractions[name].append(stepping_s / wall)
+    return ratios(walls, fractions, suffix)
+
+
+def ratios(walls: dict[str, list[float]], fractions: dict[str, list[float]],
+           suffix: str = "") -> dict[str, float]:
+    """Each launcher's median wall time, each gradexp way's speedup and step fraction, and the
+    faster way's as `sweep_speedup`, `sweep_step_fraction` (`sweep_workers`: which)."""
     wall = {name: statistics.median(w) for name, w in walls.items()}
     out = {f"sweep_s_{name}{suffix}": w for name, w in wall.items()}
-    for name, key in (("gradexp", ""), ("two_workers", "_two_workers")):
-        out[f"sweep_speedup{key}{suffix}"] = wall["basic"] / wall[name]
-        out[f"sweep_step_fraction{key}{suffix}"] = statistics.median(fractions[name])
+    for name in ("one_worker", "two_workers"):
+        out[f"sweep_speedup_{name}{suffix}"] = wall["basic"] / wall[name]
+        out[f"sweep_step_fraction_{name}{suffix}"] = statistics.median(fractions[name])
+    fastest = min(("one_worker", "two_workers"), key=wall.get)
+    out[f"sweep_speedup{suffix}"] = out[f"sweep_speedup_{fastest}{suffix}"]
+    out[f"sweep_step_fraction{suffix}"] = out[f"sweep_step_fraction_{fastest}{suffix}"]
+    out[f"sweep_workers{suffix}"] = 1 if fastest == "one_worker" else 2
     return out
 
 

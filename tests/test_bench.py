@@ -31,3 +31,37 @@ def test_bench_quick_prints_every_figure_as_one_json_line(tmp_path):
     assert all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0
                for v in figures.values()), figures
     assert list(tmp_path.iterdir()) == []  # its runs and sweep live in temporary directories
+
+
+def test_the_sweep_bench_reads_run_logs_counts_overlap_once_and_takes_the_faster_way(tmp_path):
+    """bench_sweeps: a run's stepping interval from the train.log gradexp writes (its own
+    formatter), two batches stepping at once counted once, and `sweep_speedup` the faster of
+    one and two workers (medians of rounds)."""
+    import time
+
+    from gradexp import batched, bench_sweeps, grouping
+
+    job = grouping.Job(None, tmp_path, [])
+    logger = batched.run_logger(job)
+    logger.info("training mlp on synthetic (20 steps)")
+    first = time.time()
+    for line in ("step   10/20  loss 0.5", "step   20/20  loss 0.4"):
+        logger.info(line)
+        time.sleep(0.05)
+    last = time.time() - 0.05
+    a, b = bench_sweeps.stepping(tmp_path / "train.log")
+    assert first - 0.002 <= a <= b <= last + 0.002 and b - a >= 0.045  # ms in the log's clock
+    (tmp_path / "short.log").write_text((tmp_path / "train.log").read_text().splitlines()[1])
+    assert bench_sweeps.stepping(tmp_path / "short.log") is None  # one step line: no interval
+    assert bench_sweeps.union_length([(5, 6), (0, 2), (1, 3)]) == 4
+
+    walls = {"basic": [40, 44, 42], "one_worker": [14, 15, 13], "two_workers": [16, 15, 17]}
+    fractions = {"basic": [0.3] * 3, "one_worker": [0.4, 0.5, 0.45], "two_workers": [0.4] * 3}
+    mlp = bench_sweeps.ratios(walls, fractions)
+    assert mlp["sweep_speedup"] == mlp["sweep_speedup_one_worker"] == 42 / 14
+    assert mlp["sweep_step_fraction"] == 0.45 and mlp["sweep_workers"] == 1
+    assert mlp["sweep_speedup_two_workers"] == 42 / 16
+    walls["two_workers"] = [12, 11, 12.5]
+    rnn = bench_sweeps.ratios(walls, fractions, "_rnn")
+    assert rnn["sweep_speedup_rnn"] == 42 / 12 and rnn["sweep_workers_rnn"] == 2
+    assert rnn["sweep_step_fraction_rnn"] == 0.4 and rnn["sweep_s_one_worker_rnn"] == 14
