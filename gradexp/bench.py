@@ -215,8 +215,8 @@ def mlp_flops_per_step(cfg, input_size: int, num_outputs: int) -> float:
 
 
 def summarize_vs_tbparse(runs: int, steps: int, repeats: int) -> dict[str, float]:
-    """A sweep of `runs` runs written in gradexp's own formats (metrics.csv, event files,
-    summary.json, .hydra/), then tbparse's load and gradexp.summarize's summary of it."""
+    """A sweep of `runs` runs in gradexp's formats, loaded by tbparse and by gradexp.summarize."""
+    import scipy.stats  # noqa: F401  summarize's lazy import, made before timing (as tbparse's)
     from tbparse import SummaryReader
 
     from gradexp import summarize
