@@ -228,7 +228,7 @@ def train(jobs: list[Job]) -> list[dict]:
 
     def start(k: int) -> training.Run:
         return training.start(jobs[k].cfg, jobs[k].run_dir, jobs[k].overrides, arrays=arrays,
-                              free_memory=k == 0)
+                              free_memory=k == 0, recorded=jobs[k].provenance)
 
     runs = [start(0)]
     if runs[0].compiled.state_variables:  # a clipping method with state: autoclip, zclip, adagc

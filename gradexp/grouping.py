@@ -17,12 +17,15 @@ from omegaconf import DictConfig, OmegaConf
 
 @dataclass(frozen=True)
 class Job:
-    """One run of a batch: its config, directory, overrides and log file name."""
+    """One run of a batch: its config, directory, overrides and log file name, and its
+    provenance.json as the launcher wrote it when it set the run up (None: the run records its
+    own when it starts)."""
 
     cfg: DictConfig
     run_dir: Path
     overrides: list
     log_name: str = "train.log"
+    provenance: dict | None = None
 
 
 def why_separate(cfg: DictConfig) -> str | None:

@@ -154,10 +154,11 @@ class Run:
 
 
 def start(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: bool = False,
-          arrays=None, free_memory: bool = True) -> Run:
+          arrays=None, free_memory: bool = True, recorded: dict | None = None) -> Run:
     """A run set up to train: provenance, process, data (`arrays` when already loaded),
     compiled step, state restored when resuming, logs. `free_memory`: collect the garbage of
-    earlier runs in this process first (not between the runs of a batch)."""
+    earlier runs in this process first (not between the runs of a batch). `recorded`: the
+    provenance.json written for this start already (by hydra/launcher=gradexp)."""
     from gradexp import data, devices
     from gradexp.checkpoints import RunState
     from gradexp.logs import RunLog
@@ -168,7 +169,7 @@ def start(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
         "status": rundir.RUNNING, "overrides": list(overrides), "host": socket.gethostname(),
         "pid": os.getpid(), "config": OmegaConf.to_container(cfg)})
     # the code and package versions first: even a run that fails at once keeps them
-    record = provenance.record(run_dir, resume=resume)
+    record = recorded or provenance.record(run_dir, resume=resume)
     where = devices.prepare_process(cfg.device, cfg.precision, cfg.seed, cfg.deterministic,
                                     free_memory)
     strategy = devices.strategy(cfg.strategy)

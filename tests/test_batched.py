@@ -4,6 +4,7 @@ made alone, byte for byte."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -42,6 +43,12 @@ def test_a_batched_sweep_writes_the_basic_launchers_runs_byte_for_byte(tmp_path)
         log_lines = (batch_dir / run / "train.log").read_text().splitlines()
         assert sum("step 10/20" in line for line in log_lines) == 1  # its own lines only
         same_checkpoints(basic_dir / run, batch_dir / run)
+        # provenance: recorded by the launcher when it set the run up, devices by the worker
+        mine, theirs = (json.loads((d / run / "provenance.json").read_text())
+                        for d in (batch_dir, basic_dir))
+        assert mine["devices"] is not None and mine["devices"] == theirs["devices"]
+        assert {k: mine[k] for k in ("code", "packages", "versions", "resumes")} == {
+            k: theirs[k] for k in ("code", "packages", "versions", "resumes")}
 
 
 def train_alone_and_batched(make_cfg, tmp_path, overrides, seeds):

@@ -50,6 +50,7 @@ class GradexpLauncher(Launcher):
             if value < 1:
                 raise ValueError(f"hydra.launcher.{key}={value}: must be at least 1")
         self.max_batch, self.workers = max_batch, workers
+        self.recorded: dict[Path, dict] = {}  # provenance.json of the runs set up to start
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
@@ -114,13 +115,16 @@ class GradexpLauncher(Launcher):
 
     def set_up(self, cfg: DictConfig):
         """A job's task here: its run directory set up by run_job, the run left to its batch
-        (PENDING) when it starts afresh; a run found in its directory is kept or resumed."""
+        (PENDING) when it starts afresh, its provenance recorded (here, while the worker imports
+        TensorFlow, not beside the batch's compile); a run found in its directory is kept or
+        resumed."""
         from hydra.core.hydra_config import HydraConfig
 
-        from gradexp import rundir
+        from gradexp import provenance, rundir
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         if rundir.restart_action(run_dir) == rundir.START:
+            self.recorded[run_dir] = provenance.record(run_dir)
             return PENDING
         return self.task_function(cfg)
 
@@ -137,9 +141,11 @@ class GradexpLauncher(Launcher):
             if isinstance(handler, logging.FileHandler):
                 logging.getLogger().removeHandler(handler)
                 handler.close()
-        jobs = [[Job(returns[i].cfg, Path(returns[i].hydra_cfg.hydra.runtime.output_dir),
-                     list(returns[i].overrides), f"{returns[i].hydra_cfg.hydra.job.name}.log")
-                 for i in batch] for batch in batches]
+        jobs = [[Job(returns[i].cfg, run_dir, list(returns[i].overrides),
+                     f"{returns[i].hydra_cfg.hydra.job.name}.log", self.recorded.get(run_dir))
+                 for i in batch
+                 for run_dir in [Path(returns[i].hydra_cfg.hydra.runtime.output_dir)]]
+                for batch in batches]
         job_logging = OmegaConf.to_container(
             returns[batches[0][0]].hydra_cfg.hydra.job_logging, resolve=True)
         results = worker.train(jobs, job_logging)
