@@ -1,9 +1,9 @@
 """The processes that train a sweep's batches for `hydra/launcher=gradexp`, forked at the start of
 the sweep, before anything in the launcher's process imports TensorFlow: each imports TensorFlow
-(~5-8 s on 2 cores) while Hydra composes and checks the sweep's jobs (~0.25 s per job, once
-each: gradexp.config.compose_once), so the first batch starts when the later of the two is done,
-not after both. With
-`hydra.launcher.workers=N`, N batches train at once, one per worker.
+(~3-4 s on 2 cores) while Hydra composes and checks the sweep's jobs (~0.1 s per job, once each:
+gradexp.config.compose_once) and the launcher sets the runs up, so the first batch starts when
+the later of the two is done, not after both. With `hydra.launcher.workers=N`, N batches train
+at once, one per worker.
 
     start(n)                     fork n workers (once per process; none when TensorFlow is
                                  imported here already, e.g. in a test: a process that has run

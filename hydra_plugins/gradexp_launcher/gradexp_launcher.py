@@ -7,9 +7,10 @@ another, as Hydra's basic launcher would run them. Batches train in worker proce
 the sweep starts (gradexp/worker.py), which import TensorFlow while this one composes the jobs;
 `workers` of them train at once (a group is split while there are fewer batches than workers).
 Every job is set up here by Hydra's own `run_job` (output directory, .hydra/, logging,
-callbacks), so its run directory is the one a separate run leaves: summary.json, metrics.csv,
-event files, checkpoints, train.log. A job that finds its run in its directory (a requeued or
-resumed sweep) keeps it or resumes it on its own, in this process, as `gradexp.train.run` does.
+callbacks) and its provenance recorded, so its run directory is the one a separate run leaves:
+summary.json, metrics.csv, event files, checkpoints, train.log. A job that finds its run in its
+directory (a requeued or resumed sweep) keeps it or resumes it on its own, in this process, as
+`gradexp.train.run` does.
 
 If a batch fails as a whole (an exception in the shared program), its runs are cleared and
 trained one by one, so that each run's failure, if any, is its own. SIGINT/SIGTERM: every run
