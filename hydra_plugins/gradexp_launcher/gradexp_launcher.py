@@ -143,7 +143,7 @@ class GradexpLauncher(Launcher):
                 logging.getLogger().removeHandler(handler)
                 handler.close()
         jobs = [[Job(returns[i].cfg, run_dir, list(returns[i].overrides),
-                     f"{returns[i].hydra_cfg.hydra.job.name}.log", self.recorded.get(run_dir))
+                     f"{returns[i].hydra_cfg.hydra.job.name}.log", self.recorded.pop(run_dir, None))
                  for i in batch
                  for run_dir in [Path(returns[i].hydra_cfg.hydra.runtime.output_dir)]]
                 for batch in batches]
