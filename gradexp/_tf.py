@@ -5,11 +5,13 @@ absl::InitializeLog()..." and CPU-feature notes while it loads, before TF_CPP_MI
 read (abseil logs to stderr until it is initialised). We hold file descriptor 2 while importing
 and pass on every line but those known notes, so real import errors still show.
 
-`import keras` also imports scikit-learn (for keras.wrappers) and IPython (for a notebook view
-in keras.saving) when they are installed, parts gradexp never uses: 0.55 s and 0.2 s of a 3.9 s
-import on 2 cores, paid by every run and every worker before its first step. Keras goes without
-them (it imports them in `try`); they import as usual afterwards (dataset=digits uses
-scikit-learn), only keras.wrappers stays without scikit-learn in this process.
+`import keras` also imports, when they are installed, scikit-learn (for keras.wrappers), IPython
+(a notebook view in keras.saving), pandas (DataFrames as `fit` input) and matplotlib (image
+galleries), parts gradexp never uses: 0.55, 0.2, 0.3 and 0.25 s of a 3.9 s import on 2 cores,
+paid by every run and every worker before its first step, and the training side is to import
+neither pandas nor matplotlib (DESIGN). Keras goes without them (it imports each in `try`); they
+import as usual afterwards (dataset=digits uses scikit-learn, dataset=mnist1d matplotlib), only
+those parts of Keras stay without them in this process.
 
 The import leaves ~370,000 objects that live as long as the process; a full garbage collection
 walked them all (0.15 s), and Keras' clear_session collects once a run (gradexp/devices.py), so
@@ -37,7 +39,7 @@ NOISE = (
     "TF-TRT Warning",
     "failed call to cuInit",
 )
-OPTIONAL = ("sklearn", "IPython")  # what Keras imports for parts gradexp does not use
+OPTIONAL = ("sklearn", "IPython", "pandas", "matplotlib")  # Keras' parts gradexp does not use
 
 
 def _import_quietly():

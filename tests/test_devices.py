@@ -138,14 +138,16 @@ def test_a_run_resets_what_an_earlier_run_in_the_process_set():
 
 
 def test_tensorflow_imports_without_kerass_optional_integrations_and_is_kept_from_gc():
-    """gradexp._tf keeps Keras from importing scikit-learn and IPython (~0.75 s of a 3.9 s
-    import, parts gradexp never uses), both import as usual afterwards (dataset=digits); the
-    import's objects are frozen out of garbage collection (a full collection: 0.15 s -> 0)."""
-    code = ("import gc, sys, time, gradexp._tf\n"
-            "print(sorted(m for m in ('sklearn', 'IPython', 'keras') if m in sys.modules))\n"
+    """gradexp._tf keeps Keras from importing scikit-learn, IPython, pandas and matplotlib
+    (~1.3 s of a 3.9 s import, parts gradexp never uses), which import as usual afterwards
+    (dataset=digits, summarize); the import's objects are frozen out of garbage collection (a
+    full collection: 0.15 s -> 0)."""
+    optional = "('sklearn', 'IPython', 'pandas', 'matplotlib', 'keras')"
+    code = ("import gc, sys, gradexp._tf\n"
+            f"print(sorted(m for m in {optional} if m in sys.modules))\n"
             "print(gc.get_freeze_count() > 100_000)\n"
-            "import sklearn.datasets\n"
-            "print(sklearn.datasets.load_digits().data.shape)")
+            "import sklearn.datasets, pandas, matplotlib.pyplot\n"
+            "print(pandas.DataFrame(sklearn.datasets.load_digits().data).shape)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
