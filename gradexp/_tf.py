@@ -6,12 +6,15 @@ read (abseil logs to stderr until it is initialised). We hold file descriptor 2 
 and pass on every line but those known notes, so real import errors still show.
 
 `import keras` also imports, when they are installed, scikit-learn (for keras.wrappers), IPython
-(a notebook view in keras.saving), pandas (DataFrames as `fit` input) and matplotlib (image
-galleries), parts gradexp never uses: 0.55, 0.2, 0.3 and 0.25 s of a 3.9 s import on 2 cores,
+(a notebook view in keras.saving), pandas (DataFrames as `fit` input), matplotlib (image
+galleries), Pillow (image files) and, through TensorFlow's legacy Keras, SciPy (sparse input):
+parts gradexp never uses, 0.55, 0.2, 0.3, 0.25 and (the last two) 0.07 s of a 3.9 s import,
 paid by every run and every worker before its first step, and the training side is to import
 neither pandas nor matplotlib (DESIGN). Keras goes without them (it imports each in `try`); they
-import as usual afterwards (dataset=digits uses scikit-learn, dataset=mnist1d matplotlib), only
-those parts of Keras stay without them in this process.
+import as usual afterwards (dataset=digits uses scikit-learn, dataset=mnist1d matplotlib,
+summarize SciPy), only those parts of Keras stay without them in this process. (ml_dtypes, which
+TensorFlow imports, is held below 0.7 in pyproject.toml: with NumPy 2.4, 0.7.0 took 0.52 s to
+import, 0.6.0 4 ms.)
 
 The import leaves ~370,000 objects that live as long as the process; a full garbage collection
 walked them all (0.15 s), and Keras' clear_session collects once a run (gradexp/devices.py), so
@@ -39,7 +42,7 @@ NOISE = (
     "TF-TRT Warning",
     "failed call to cuInit",
 )
-OPTIONAL = ("sklearn", "IPython", "pandas", "matplotlib")  # Keras' parts gradexp does not use
+OPTIONAL = ("sklearn", "IPython", "pandas", "matplotlib", "PIL", "scipy")
 
 
 def _import_quietly():

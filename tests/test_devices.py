@@ -138,17 +138,18 @@ def test_a_run_resets_what_an_earlier_run_in_the_process_set():
 
 
 def test_tensorflow_imports_without_kerass_optional_integrations_and_is_kept_from_gc():
-    """gradexp._tf keeps Keras from importing scikit-learn, IPython, pandas and matplotlib
-    (~1.3 s of a 3.9 s import, parts gradexp never uses), which import as usual afterwards
-    (dataset=digits, summarize); the import's objects are frozen out of garbage collection (a
-    full collection: 0.15 s -> 0)."""
-    optional = "('sklearn', 'IPython', 'pandas', 'matplotlib', 'keras')"
+    """gradexp._tf keeps Keras (and TensorFlow's legacy Keras) from importing scikit-learn,
+    IPython, pandas, matplotlib, Pillow and SciPy (~1.4 s of a 3.9 s import, parts gradexp
+    never uses), which import as usual afterwards (dataset=digits, summarize); the import's
+    objects are frozen out of garbage collection (a full collection: 0.15 s -> 0)."""
+    optional = "('sklearn', 'IPython', 'pandas', 'matplotlib', 'PIL', 'scipy', 'keras')"
     code = ("import gc, sys, gradexp._tf\n"
             f"print(sorted(m for m in {optional} if m in sys.modules))\n"
             "print(gc.get_freeze_count() > 100_000)\n"
-            "import sklearn.datasets, pandas, matplotlib.pyplot\n"
-            "print(pandas.DataFrame(sklearn.datasets.load_digits().data).shape)")
+            "import sklearn.datasets, pandas, matplotlib.pyplot, PIL.Image, scipy.stats\n"
+            "print(pandas.DataFrame(sklearn.datasets.load_digits().data).shape)\n"
+            "print(PIL.Image.new('L', (3, 2)).size, scipy.stats.t.ppf(0.5, 3))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["['keras']", "True", "(1797, 64)"]
+    assert result.stdout.splitlines() == ["['keras']", "True", "(1797, 64)", "(3, 2) 0.0"]
