@@ -13,7 +13,7 @@ dispatches), reading and writing run k's state through a keras.StatelessScope:
 S[k] ← step(S[k], x_k, y_k), with x_k, y_k run k's own batch (on a CPU the K runs are split
 into one part per core, each part such a function, the parts of a step run at once: `Batch`).
 The stacked state is made from the first run as soon as it is set up, the step traced on
-it, and XLA compiles it in a thread (`Batch.compile_ahead`: 1.5 s of C++) while the other
+it, and XLA compiles it in a thread (`Batch.compile_ahead`: 1.1 s of C++) while the other
 runs are set up; their values then replace the first's (`Batch.load`). A run that has
 stopped (it diverged) is no longer computed and keeps its state. Evaluation and histograms
 run the first run's functions on run k's slice; a checkpoint copies S[k] back into run k's
@@ -91,21 +91,33 @@ class Batch:
         self.gradients = tf.function(self._gradients, autograph=False)
 
     def compile_ahead(self, template: training.Run) -> Future:
-        """Trace `train_steps` here and run it once in a thread: XLA compiles the step there
-        (C++, without the GIL) while this thread sets up the other runs. The call steps the
-        template's values, which `load` replaces; wait for the result before `load`."""
+        """Trace a part's step here and call it once in a thread on the first part's state: XLA
+        compiles it there (C++, without the GIL) while this thread sets up the other runs. The
+        call returns a new state and writes none. `train_steps`, which calls that traced step,
+        is traced here too, but made ready only once the runs are set up (`make_ready`)."""
+        x, y = (tf.zeros([self.size, *spec.shape], spec.dtype)
+                for spec in template.train_batches.element_spec)
+        args = ([v.read_value() for v in self.parts[0]], x, y, tf.ones([self.size], tf.bool))
+        # called from a function, as train_steps calls it (an eager call is another program)
+        in_a_function = tf.function(lambda *args: self.step_part(*args), autograph=False)
+        compiled = _in_a_thread(in_a_function.get_concrete_function(*args), *args)
         iterator = batch_iterator([template] * self.K)  # the element spec of the runs' streams
         active = tf.ones([self.K], tf.bool)
         self._warm = partial(self.train_steps.get_concrete_function(iterator, tf.constant(1),
                                                                     active), iterator)
-        return _in_a_thread(self._warm, tf.constant(1), active)
+        return compiled
 
-    def make_ready(self) -> Future:
-        """Call the traced `train_steps` for no step in a thread, after the runs are set up:
-        each run's seeds cleared TensorFlow's kernel cache (tf.random.set_seed does), and the
-        call's program is made again (~0.3 s, the XLA executable is kept) while this thread
-        loads the runs' values; it reads and writes no state. Wait for it before stepping."""
-        return _in_a_thread(self._warm, tf.constant(0), tf.ones([self.K], tf.bool))
+    def make_ready(self, compiled: Future) -> Future:
+        """Call the traced `train_steps` for no step in a thread, once the runs are set up: its
+        program is made then (~0.25 s) while this thread loads the runs' values, and kept (each
+        run's session and seeds clear TensorFlow's programs made before: clear_session and
+        tf.random.set_seed do; XLA's compiled step survives). It reads and writes no state.
+        The future is done when that call and the step's compile (`compiled`) are."""
+        def ready():
+            self._warm(tf.constant(0), tf.ones([self.K], tf.bool))
+            compiled.result()
+
+        return _in_a_thread(ready)
 
     def load(self, runs: list[training.Run]) -> None:
         """Stack the runs' own variables into the parts (run k in slot k, padding slots a copy
@@ -239,8 +251,7 @@ def train(jobs: list[Job]) -> list[dict]:
     batch = Batch(runs[0], len(jobs))
     compiled = batch.compile_ahead(runs[0])
     runs += [start(k) for k in range(1, len(jobs))]
-    compiled.result()
-    ready = batch.make_ready()
+    ready = batch.make_ready(compiled)
     batch.load(runs)
     loggers = [run_logger(job) for job in jobs]
     results = loop(batch, runs, loggers, ready)

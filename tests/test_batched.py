@@ -27,12 +27,16 @@ def same_files(a: Path, b: Path, names=("metrics.csv",)) -> None:
         assert (a / name).read_bytes() == (b / name).read_bytes(), f"{a / name} != {b / name}"
 
 
-def test_a_batched_sweep_writes_the_basic_launchers_runs_byte_for_byte(tmp_path):
+def test_a_batched_sweep_writes_the_basic_launchers_runs_byte_for_byte(tmp_path, monkeypatch):
     pair = ["clip=null,0.1", "seed=1"]  # two runs: what takes the suite's time is compiling
     basic_dir, basic = sweep(tmp_path / "basic", *pair, *XLA)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # XLA's compiles, as TensorFlow logs them
+    monkeypatch.setenv("TF_CPP_VMODULE", "device_compiler=3")
     batch_dir, result = sweep(tmp_path / "batched", "hydra/launcher=gradexp", *pair, *XLA)
     assert basic.returncode == 0, basic.stderr
     assert result.returncode == 0, result.stderr
+    # the batch's step compiled once, ahead (Batch.compile_ahead), and that program trains
+    assert result.stderr.count("Instantly compiling for signature: __inference__step_part") == 1
     assert "training 2 runs as one batch" in result.stdout  # clip=null and 0.1: bounds are data
     assert "sweep: 2 runs (2 completed)" in result.stdout
     for run in ("0", "1"):
@@ -175,10 +179,11 @@ def test_the_stateless_update_is_kerass_update(make_cfg, optimizer):
 
 
 def test_the_step_compiled_ahead_is_the_one_that_trains(make_cfg, tmp_path):
-    """Batch.compile_ahead traces the batch's step on the first run alone and runs it once (in
-    a thread, while the other runs are set up): training reuses that trace, `load` replaces
-    what the warm-up step left in the stacked state by each run's own values, and `make_ready`
-    (the call again, for no step) changes none of them."""
+    """Batch.compile_ahead traces a part's step on the first run alone and runs it once (in a
+    thread, while the other runs are set up) without writing the stacked state; training reuses
+    that trace and `train_steps`' (traced there too), `make_ready` (train_steps for no step)
+    changes nothing, and `load` puts each run's own values in its slot. (That XLA compiled the
+    step once in all: the byte-for-byte sweep test.)"""
     from gradexp import data
     from gradexp._tf import tf
 
@@ -188,14 +193,16 @@ def test_the_step_compiled_ahead_is_the_one_that_trains(make_cfg, tmp_path):
         (tmp_path / str(s)).mkdir()
     runs = [training.start(cfgs[0], tmp_path / "0", arrays=arrays)]
     batch = batched.Batch(runs[0], len(cfgs))
-    batch.compile_ahead(runs[0]).result()
-    assert batch.train_steps.experimental_get_tracing_count() == 1
-    stepped = [v.numpy() for v in batch.parts[0]]
+    compiled = batch.compile_ahead(runs[0])
+    compiled.result()
+    traces = {f: f.experimental_get_tracing_count() for f in (batch.step_part, batch.train_steps)}
+    assert list(traces.values()) == [1, 1]
     first = [v.numpy() for v in batched.run_variables(runs[0].compiled)]
-    assert any((a[0] != b).any() for a, b in zip(stepped, first, strict=True))  # it stepped
+    for stacked, v in zip(batch.parts[0], first, strict=True):  # the warm-up wrote nothing
+        np.testing.assert_array_equal(stacked.numpy(), np.stack([v] * batch.size))
     runs += [training.start(cfg, tmp_path / str(s), arrays=arrays, free_memory=False)
              for s, cfg in zip((1, 2), cfgs[1:], strict=True)]
-    ready = batch.make_ready()  # the traced call again, for no step: no state changes
+    ready = batch.make_ready(compiled)  # the traced call again, for no step: no state changes
     batch.load(runs)
     ready.result()
     for k, run in enumerate(runs):
@@ -206,7 +213,7 @@ def test_the_step_compiled_ahead_is_the_one_that_trains(make_cfg, tmp_path):
     rows, done = batch.train_steps(batched.batch_iterator(runs), tf.constant(2),
                                    tf.ones([3], tf.bool))
     assert done.numpy().tolist() == [2, 2, 2] and rows.shape[:2] == (2, 3)
-    assert batch.train_steps.experimental_get_tracing_count() == 1
+    assert {f: f.experimental_get_tracing_count() for f in traces} == traces
 
 
 def test_a_batch_on_a_cpu_has_a_part_per_core_and_on_a_gpu_one():

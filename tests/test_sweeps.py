@@ -27,7 +27,7 @@ SWEEP = ["clip=null,0.1", "seed=0,1"]
 
 def sweep(cwd: Path, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
     cwd.mkdir(parents=True, exist_ok=True)
-    result = gradexp("gradexp.train", "-m", *args, *TINY, cwd=cwd, timeout=600)
+    result = gradexp("gradexp.train", "-m", *TINY, *args, cwd=cwd, timeout=600)  # args win
     (sweep_dir,) = (cwd / "outputs" / "multirun").glob("*/*")
     return sweep_dir, result
 
