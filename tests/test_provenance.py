@@ -92,6 +92,28 @@ def test_a_resume_keeps_the_first_record_and_appends_its_own(tmp_path):
     assert provenance.record(run_dir, code_dir=repo / "pkg")["resumes"] == []
 
 
+def test_a_record_made_from_anothers_is_the_same_with_its_own_diff_file(tmp_path):
+    """record_as (the launcher's later runs): what `record` would write, but for the time."""
+    repo = make_repo(tmp_path / "repo")
+    (repo / "pkg" / "mod.py").write_text("x = 2\n")  # dirty: a diff beside each record
+    first_dir, run_dir, again_dir = (tmp_path / n for n in ("first", "run", "again"))
+    for d in (first_dir, run_dir, again_dir):
+        d.mkdir()
+    first = provenance.record(first_dir, code_dir=repo / "pkg")
+    (run_dir / "provenance.diff").write_text("stale\n")
+    copied = provenance.record_as(run_dir, first_dir, first)
+    own = provenance.record(again_dir, code_dir=repo / "pkg")
+    saved = json.loads((run_dir / "provenance.json").read_text())
+    assert saved == copied
+    assert ({k: v for k, v in saved.items() if k != "recorded_at"}
+            == {k: v for k, v in own.items() if k != "recorded_at"})
+    assert saved["code"]["dirty"] is True and saved["code"]["diff"] == "provenance.diff"
+    assert ((run_dir / "provenance.diff").read_text()
+            == (again_dir / "provenance.diff").read_text() != "stale\n")
+    copied["code"]["commit"] = "changed"  # its own copy: the first record is untouched
+    assert first["code"]["commit"] == own["code"]["commit"]
+
+
 def test_installed_packages_are_importlib_metadata_s_versions():
     packages = provenance.installed_packages()
     for name in ("tensorflow", "keras", "hydra-core", "numpy", "pandas"):

@@ -117,15 +117,17 @@ class GradexpLauncher(Launcher):
     def set_up(self, cfg: DictConfig):
         """A job's task here: its run directory set up by run_job, the run left to its batch
         (PENDING) when it starts afresh, its provenance recorded (here, while the worker imports
-        TensorFlow, not beside the batch's compile); a run found in its directory is kept or
-        resumed."""
+        TensorFlow, not beside the batch's compile; the launch's first record serves the rest);
+        a run found in its directory is kept or resumed."""
         from hydra.core.hydra_config import HydraConfig
 
         from gradexp import provenance, rundir
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         if rundir.restart_action(run_dir) == rundir.START:
-            self.recorded[run_dir] = provenance.record(run_dir)
+            taken = next(iter(self.recorded.items()), None)  # a run of this launch, just set up
+            self.recorded[run_dir] = (provenance.record(run_dir) if taken is None
+                                      else provenance.record_as(run_dir, *taken))
             return PENDING
         return self.task_function(cfg)
 
