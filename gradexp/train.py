@@ -106,7 +106,7 @@ def rundir_action(run_dir: Path, cfg: DictConfig) -> str:
 def main() -> None:
     """Entry point: bad input ends in one line on stderr and exit status 2, not a traceback.
     `resume=<sweep dir>` becomes that sweep's multirun, finishing it (gradexp/resume.py)."""
-    from gradexp import resume
+    from gradexp import resume, worker
 
     user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us unprinted
@@ -114,6 +114,7 @@ def main() -> None:
         sweep_dir = resume.sweep_to_resume(sys.argv[1:])
         if sweep_dir is not None:
             sys.argv[1:] = resume.multirun_arguments(sweep_dir, sys.argv[1:])
+        worker.start_early(sys.argv[1:])  # the batched sweep's workers, before Hydra starts
         run()
     except Exception as exc:
         message = config.explain(exc)
@@ -367,7 +368,6 @@ def steps_to_next_event(step: int, t: DictConfig) -> int:
 
 def first_diverged_step(steps, rows, names, first_loss, factor) -> int | None:
     """measures.divergence_step of these rows (the run's own rule and the summary's)."""
-
     column = {name: rows[:, i] for i, name in enumerate(names)}
     step = divergence_step(steps, column["loss/train"], column["grad_norm/global"],
                            column.get("skipped", np.zeros(len(rows))), factor, first_loss)

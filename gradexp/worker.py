@@ -8,11 +8,14 @@ at once, one per worker.
     start(n)                     fork n workers (once per process; none when TensorFlow is
                                  imported here already, e.g. in a test: a process that has run
                                  TensorFlow must not fork; batches then train in this process)
+    start_early(argv)            the same from gradexp.train's entry point, before Hydra
+                                 starts, when the command line names the launcher
     train(batches, job_logging)  for each batch (a list of gradexp.grouping.Job), the summaries
                                  of gradexp.batched.train or the exception that stopped it (None:
                                  not started, the sweep was asked to stop)
     Prestart                     the Hydra callback (first in conf/config.yaml) that calls start
-                                 when the sweep's launcher is gradexp's
+                                 when the sweep's launcher is gradexp's (chosen in a config file,
+                                 or more workers than start_early forked)
 
 Signals: each worker has its own process group, so that a terminal's Ctrl-C reaches it once: the
 launcher's process forwards SIGINT, SIGTERM and SIGUSR2 to the workers training, and each stops
@@ -56,6 +59,24 @@ class Prestart(Callback):
         launcher = config.hydra.launcher
         if launcher.get("_target_") == LAUNCHER:
             start(launcher.get("workers", 1))
+
+
+def start_early(argv: list[str]) -> None:
+    """Fork the workers at the entry point, before Hydra starts (~0.2 s before Prestart would:
+    their TensorFlow import is what a batched sweep waits for), when the command line itself
+    asks for them (`early_workers`); otherwise Prestart forks them."""
+    start(early_workers(argv))
+
+
+def early_workers(argv: list[str]) -> int:
+    """The workers `argv` asks for: `-m ... hydra/launcher=gradexp [hydra.launcher.workers=N]`
+    and no other option (--help, --cfg, -cd ...: 0, left to Hydra and Prestart); 0 for a
+    workers value that is not a count (Hydra answers it with its error)."""
+    options = {a for a in argv if a.startswith("-")}
+    if "hydra/launcher=gradexp" not in argv or not options or options - {"-m", "--multirun"}:
+        return 0
+    counts = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.launcher.workers=")]
+    return (int(counts[-1]) if counts[-1].isdigit() else 0) if counts else 1
 
 
 def start(n: int = 1) -> None:

@@ -246,6 +246,54 @@ def test_the_launcher_groups_by_structure_splits_at_max_batch_and_for_its_worker
         GradexpLauncher(32, 0)
 
 
+def test_the_command_line_that_names_the_launcher_forks_its_workers_before_hydra_starts():
+    """gradexp.worker.early_workers: the workers forked at the entry point (their TensorFlow
+    import is what a batched sweep waits for) only for a sweep whose command line names the
+    launcher and no option Hydra answers without a sweep."""
+    from gradexp.worker import early_workers
+
+    assert early_workers(["-m", "hydra/launcher=gradexp", "clip=null,0.1"]) == 1
+    assert early_workers(["clip=0.1", "--multirun", "hydra/launcher=gradexp",
+                          "hydra.launcher.workers=3"]) == 3
+    assert early_workers(["hydra/launcher=gradexp", "clip=0.1"]) == 0  # one run: no sweep
+    assert early_workers(["-m", "clip=null,0.1"]) == 0  # the basic launcher
+    assert early_workers(["-m", "+experiment=exploding_rnn"]) == 0  # a config's: Prestart
+    for option in ("--help", "--cfg", "-cd"):
+        assert early_workers(["-m", "hydra/launcher=gradexp", option]) == 0
+    assert early_workers(["-m", "hydra/launcher=gradexp", "hydra.launcher.workers=two"]) == 0
+
+
+def test_a_batched_sweep_with_a_bad_value_fails_in_one_line_and_leaves_no_worker(tmp_path):
+    """The worker forked at the entry point goes when the sweep ends before it starts."""
+    import time
+    import uuid
+
+    mark = f"GRADEXP_TEST_{uuid.uuid4().hex}"
+    os.environ[mark] = "1"  # inherited by the sweep's processes: found in /proc/*/environ
+    try:
+        result = gradexp("gradexp.train", "-m", "hydra/launcher=gradexp", "clip=-1,0.1",
+                         cwd=tmp_path)
+    finally:
+        del os.environ[mark]
+    assert result.returncode == 2 and result.stderr.startswith("error: clip=-1"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+    def left():
+        found = []
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                if mark.encode() in environ.read_bytes():
+                    found.append(environ.parent.name)
+            except OSError:  # gone, or not ours to read
+                pass
+        return found
+
+    deadline = time.monotonic() + 10  # the worker's SIGTERM, sent as the sweep exits
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left()
+
+
 def test_a_cnn_is_not_batched_its_convolutions_are_not_bit_for_bit(make_cfg):
     """Measured: a batch of model=cnn runs leaves its separate runs' losses at step 3, so its
     runs train one after another; the models that are bit for bit are batched."""
