@@ -16,8 +16,9 @@ The stacked state is made from the first run as soon as it is set up, the step t
 it, and XLA compiles it in a thread (`Batch.compile_ahead`: 1.1 s of C++) while the other
 runs are set up; their values then replace the first's (`Batch.load`). A run that has
 stopped (it diverged) is no longer computed and keeps its state. Evaluation and histograms
-run the first run's functions on run k's slice; a checkpoint copies S[k] back into run k's
-own variables and saves them as its own run would.
+run the first run's functions on each run's state (the evaluations of all runs in one call: they
+reach them at the same step); a checkpoint copies S[k] back into run k's own variables and
+saves them as its own run would.
 
 Each run computes with the shapes and operations of its separate run, so its numbers are the
 separate run's bit for bit (tests/test_batched.py compares metrics.csv byte for byte). Mapping
@@ -62,7 +63,8 @@ def run_logger(job: Job) -> logging.Logger:
 class Batch:
     """The stacked state of K runs of one structure and the compiled functions on it:
     `train_steps(iterator, n, active)` -> (rows [steps, K, names], steps done per run),
-    `evaluate(k)`, `gradients(k, x, y)` and `sync(k)` (S[k] into run k's variables).
+    `evaluate(x_val, y_val)` -> {name: [K]} (every run's at once), `gradients(k, x, y)` and
+    `sync(*ks)` (S[k] into run k's variables).
 
     On a CPU of C cores the K runs are stacked in parts of n = ceil(K / min(K, C)) runs,
     ceil(K / n) of them (the last padded with runs never computed), one compiled program each
@@ -87,7 +89,7 @@ class Batch:
         self.step_part = tf.function(self._step_part, jit_compile=t.jit_compile,
                                      autograph=False)
         self.train_steps = tf.function(self._train_steps, autograph=False)
-        self.evaluate = tf.function(self._evaluate, autograph=False)
+        self.evaluate = tf.function(self._evaluate_all, autograph=False)
         self.gradients = tf.function(self._gradients, autograph=False)
 
     def compile_ahead(self, template: training.Run) -> Future:
@@ -186,24 +188,41 @@ class Batch:
              tf.TensorArray(tf.float32, size=0, dynamic_size=True)))
         return rows.stack(), done
 
+    def _evaluate_all(self, x_val, y_val):
+        """Every run's evaluation, the first run's evaluate on each run's state: a loop over
+        each part's slots in one program, the parts independent (padding slots evaluated too)."""
+        names = self.template.val_names
+
+        def one(values):
+            with self._scope(values):
+                measured = self.template.evaluate.python_function(x_val, y_val)
+            return [tf.cast(measured[name], tf.float32) for name in names]
+
+        parts = [tf.map_fn(one, [v.read_value() for v in part], parallel_iterations=1,
+                           fn_output_signature=[tf.TensorSpec([], tf.float32)] * len(names))
+                 for part in self.parts]
+        return {name: tf.concat([p[i] for p in parts], 0)[:self.K] for i, name in enumerate(names)}
+
     def _slice(self, k):
         """Run k's values in the stacked state (k a tensor; the parts' slots are in run order)."""
         return [tf.concat([part[i] for part in self.parts], 0)[k]
                 for i in range(len(self.template_variables))]
 
-    def _evaluate(self, k, x_val, y_val):
-        with self._scope(self._slice(k)):
-            return self.template.evaluate.python_function(x_val, y_val)
-
     def _gradients(self, k, x, y):
+        """Run k's gradients on (x, y), for its histograms: one run a call (mapped over the
+        runs as the evaluation is, a transformer's gradients were 1 ulp off its own run's)."""
         with self._scope(self._slice(k)) as scope:
             return self.template.gradients.python_function(x, y, scope)
 
-    def sync(self, k: int) -> None:
-        """Copy run k's slice of the stacked state into its own variables (to checkpoint)."""
-        part = self.parts[k // self.size]
-        for own, stacked in zip(self.variables[k], part, strict=True):
-            own.assign(stacked[k % self.size])
+    def sync(self, *ks: int) -> None:
+        """Copy runs ks' slices of the stacked state into their own variables (to checkpoint),
+        through one host copy of each stacked variable of their parts (an eager slice per
+        variable and run took ~7 ms a run)."""
+        for p in sorted({k // self.size for k in ks}):
+            values = [v.numpy() for v in self.parts[p]]
+            for k in (k for k in ks if k // self.size == p):
+                for own, value in zip(self.variables[k], values, strict=True):
+                    own.assign(value[k % self.size])
 
 
 def _in_a_thread(call, *args) -> Future:
@@ -281,8 +300,13 @@ def alone(job: Job) -> dict:
 
 def batch_iterator(runs: list[training.Run]):
     """The runs' training streams as one: each element (x, y) stacks run k's batch at k."""
-    return iter(tf.data.Dataset.zip(tuple(run.train_batches for run in runs))
-                .map(lambda *pairs: tuple(tf.stack(part) for part in zip(*pairs, strict=True))))
+    return iter(stacked_stream([run.train_batches for run in runs]))
+
+
+def stacked_stream(streams):
+    """Datasets of (x, y) as one: each element stacks the k-th stream's (x, y) at k."""
+    return (tf.data.Dataset.zip(tuple(streams))
+            .map(lambda *pairs: tuple(tf.stack(part) for part in zip(*pairs, strict=True))))
 
 
 def loop(batch: Batch, runs: list[training.Run], loggers: list[logging.Logger],
@@ -293,19 +317,36 @@ def loop(batch: Batch, runs: list[training.Run], loggers: list[logging.Logger],
 
     t, K = runs[0].cfg.trainer, len(runs)
     iterator = batch_iterator(runs)
-    histogram_batches = [training.HistogramBatches(run.histogram_batches) for run in runs]
+    # the runs going reach an evaluation, histogram or checkpoint together: the first of them
+    # to ask has it done for all (`for_all`), once per call; each takes its own part
+    histogram_batches = training.HistogramBatches(stacked_stream(
+        [run.histogram_batches for run in runs]))  # a stopped run's draws are never used
+    done: dict = {}
+
+    def for_all(what: str, do):
+        if what not in done:
+            done[what] = do()
+        return done[what]
+
+    def evaluate(k):
+        measured = for_all("evaluate", lambda: {name: value.numpy() for name, value in
+                                               batch.evaluate(*runs[0].validation).items()})
+        return {name: values[k] for name, values in measured.items()}
+
+    def gradients(k):
+        x, y = for_all("histogram batches", lambda: next(histogram_batches))
+        return batch.gradients(tf.constant(k), x[k], y[k])
 
     def save(k):
         def checkpoint(step):
-            batch.sync(k)
+            for_all("sync", lambda: batch.sync(*(j for j, tr in enumerate(trackers)
+                                                 if tr.going() or j == k)))
             runs[k].state.save(step)
         return checkpoint
 
-    trackers = [training.Tracker(
-        t, batch.names, run.compiled.val_names, run.runlog, run.step,
-        evaluate=lambda k=k: batch.evaluate(tf.constant(k), *runs[k].validation),
-        gradients=lambda k=k: batch.gradients(tf.constant(k), *next(histogram_batches[k])),
-        save=save(k), logger=loggers[k]) for k, run in enumerate(runs)]
+    trackers = [training.Tracker(t, batch.names, run.compiled.val_names, run.runlog, run.step,
+                                 evaluate=partial(evaluate, k), gradients=partial(gradients, k),
+                                 save=save(k), logger=loggers[k]) for k, run in enumerate(runs)]
     for run, logger in zip(runs, loggers, strict=True):
         logger.info("training %s on %s (%d steps, %s, one of a batch of %d) -> %s",
                     run.cfg.model.name, run.cfg.dataset.name, t.steps, run.where, K, run.run_dir)
@@ -314,21 +355,24 @@ def loop(batch: Batch, runs: list[training.Run], loggers: list[logging.Logger],
              len(batch.parts), runs[0].run_dir)
     if ready is not None:
         ready.result()
+    for tracker, logger in zip(trackers, loggers, strict=True):  # steps run from here
+        logger.info("step %*d/%d  the batch's step is compiled and ready",
+                    len(str(t.steps)), tracker.step, t.steps)
     with stop_requests() as stop:
         while stop.signal is None and any(tr.going() for tr in trackers):
             going = [tr.going() for tr in trackers]
             step = max(tr.step for tr, g in zip(trackers, going, strict=True) if g)
             n = training.steps_to_next_event(step, t)
             tick = time.perf_counter()
-            rows, done = batch.train_steps(iterator, tf.constant(n), tf.constant(going))
-            rows, done, seconds = rows.numpy(), done.numpy(), time.perf_counter() - tick
+            rows, steps = batch.train_steps(iterator, tf.constant(n), tf.constant(going))
+            rows, steps, seconds = rows.numpy(), steps.numpy(), time.perf_counter() - tick
+            done.clear()
             for k, tracker in enumerate(trackers):
                 if going[k]:
-                    tracker.record(rows[:done[k], k], seconds)
+                    tracker.record(rows[:steps[k], k], seconds)
             log.info("%s  %d of %d runs going  %.0f steps/s per run", training.progress(
                 step + len(rows), t.steps, rows[:, going].reshape(-1, len(batch.names)),
                 batch.names, None, len(rows) / seconds).rsplit("  ", 1)[0],
                 sum(tr.going() for tr in trackers), K, len(rows) / seconds)
-    for k in range(K):
-        batch.sync(k)
+    batch.sync(*range(K))
     return [tracker.result(stop.signal) for tracker in trackers]

@@ -1,6 +1,6 @@
 """The bench's sweep measurements: part of `python -m gradexp.bench`'s full run, or alone with
-`python -m gradexp.bench_sweeps [--repeats N] [--no-rnn]` (about 2.5 minutes a round on 2 cores
-for the MLP sweep, 6 with the RNN's).
+`python -m gradexp.bench_sweeps [--repeats N] [--no-rnn]` (about 1 minute a round on 2 cores
+for the MLP sweep, 2.5 with the RNN's).
 
 A clipping sweep of small runs, launched as a user launches it, with Hydra's basic launcher and
 with gradexp's own (`hydra/launcher=gradexp`: gradexp/batched.py, gradexp/worker.py) with one
@@ -11,9 +11,11 @@ worker process and with two (a group of runs split into two batches), taking tur
                          with hydra/launcher=gradexp the faster way (`sweep_workers`: 1 or 2),
                          from launch to exit; `_one_worker`, `_two_workers`: each way's
     sweep_step_fraction  the share of that sweep's wall time in which training steps run: the
-                         union over its runs of [end of the first compiled call, last step] (the
-                         first call makes the step's program ready: start-up), read from each
-                         run's train.log (logging and evaluation in between included)
+                         union over its runs of [first step line, last step line] of each run's
+                         train.log (logging and evaluation in between included). A separate
+                         run's first is the end of its first compiled call (which traces and
+                         compiles: start-up); a batched run's is the "step 0" line written
+                         when the batch's program is ready, before its first call
     sweep_speedup_rnn    the same on the exploding-RNN preset (+experiment=exploding_rnn, clip
                          layer in the recurrence, 4000 steps; its clip=null runs diverge within
                          20 steps)
@@ -52,8 +54,8 @@ def timed_sweep(args: list[str]) -> tuple[float, float]:
 
 
 def stepping(log: Path) -> tuple[float, float] | None:
-    """[end of the first compiled call, last step] of a run, from its train.log's progress lines
-    ("[<time>] step <n>/<steps> ..."); None for a run with fewer than two."""
+    """[first, last] of a run's train.log's step lines ("[<time>] step <n>/<steps> ..."): the
+    time its steps run (see sweep_step_fraction); None for a run with fewer than two."""
     times = [datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f").timestamp()
              for line in log.read_text().splitlines() if line[26:31] == "step "]
     return (times[0], times[-1]) if len(times) > 1 else None
