@@ -1,18 +1,21 @@
 """The processes that train a sweep's batches for `hydra/launcher=gradexp`, forked at the start of
 the sweep, before anything in the launcher's process imports TensorFlow: each imports TensorFlow
-(~3-4 s on 2 cores) while Hydra composes and checks the sweep's jobs (~0.1 s per job, once each:
+(~1.8 s on 2 cores) while Hydra composes and checks the sweep's jobs (~0.1 s per job, once each:
 gradexp.config.compose_once) and the launcher sets the runs up, so the first batch starts when
 the later of the two is done, not after both. With `hydra.launcher.workers=N`, N batches train
-at once, one per worker.
+at once, one per worker. What a worker runs on a batch is named by the launcher
+("gradexp.batched.train") and imported in the worker: this module imports no trainer.
 
     start(n)                     fork n workers (once per process; none when TensorFlow is
                                  imported here already, e.g. in a test: a process that has run
                                  TensorFlow must not fork; batches then train in this process)
     start_early(argv)            the same from gradexp.train's entry point, before Hydra
                                  starts, when the command line names the launcher
-    train(batches, job_logging)  for each batch (a list of gradexp.grouping.Job), the summaries
-                                 of gradexp.batched.train or the exception that stopped it (None:
-                                 not started, the sweep was asked to stop)
+    train(task, batches, job_logging)
+                                 for each batch (a list of gradexp.grouping.Job), the summaries
+                                 the function named `task` returns (gradexp.batched.train) or
+                                 the exception that stopped it (None: not started, the sweep
+                                 was asked to stop)
     Prestart                     the Hydra callback (first in conf/config.yaml) that calls start
                                  when the sweep's launcher is gradexp's (chosen in a config file,
                                  or more workers than start_early forked)
@@ -95,12 +98,14 @@ def start(n: int = 1) -> None:
         _workers.append(Worker(process, ours))
 
 
-def train(batches: list[list], job_logging: dict | None = None) -> list:
-    """Each batch's summaries (gradexp.batched.train), or the exception that ended it: WorkerDied
-    (its runs are to be trained again), KeyboardInterrupt (asked twice to stop) or RuntimeError
-    (the batch failed); None for a batch not started because the sweep was asked to stop."""
+def train(task: str, batches: list[list], job_logging: dict | None = None) -> list:
+    """Each batch's summaries, what the function named `task` returns for it (the launcher's:
+    "gradexp.batched.train", imported where it runs, not in the launcher's process, which
+    imports no TensorFlow), or the exception that ended it: WorkerDied (its runs are to be
+    trained again), KeyboardInterrupt (asked twice to stop) or RuntimeError (the batch failed);
+    None for a batch not started because the sweep was asked to stop."""
     if not _workers:
-        return _train_here(batches)
+        return _train_here(task, batches)
     from multiprocessing.connection import wait
 
     results: list = [None] * len(batches)
@@ -116,7 +121,7 @@ def train(batches: list[list], job_logging: dict | None = None) -> list:
         while busy or (queue and idle and not stop):
             while queue and idle and not stop:
                 i, w = queue.pop(0), idle.pop(0)
-                w.connection.send((batches[i], job_logging))
+                w.connection.send((task, batches[i], job_logging))
                 busy[i] = w
             ready = wait([w.connection for w in busy.values()])
             for i, w in [(i, w) for i, w in busy.items() if w.connection in ready]:
@@ -136,13 +141,13 @@ def train(batches: list[list], job_logging: dict | None = None) -> list:
     return results
 
 
-def _train_here(batches: list[list]) -> list:
-    from gradexp import batched
+def _train_here(task: str, batches: list[list]) -> list:
+    from hydra.utils import get_method
 
     results: list = [None] * len(batches)
     for i, jobs in enumerate(batches):
         try:
-            results[i] = batched.train(jobs)
+            results[i] = get_method(task)(jobs)
         except Exception as exc:
             results[i] = exc
         if _interrupted(results[i]):
@@ -167,22 +172,24 @@ def _reply(w: Worker):
 
 
 def _serve(connection) -> None:
-    """A worker: import TensorFlow, then train each batch it is sent; leave at once when the
-    pipe closes."""
+    """A worker: import TensorFlow, then run the task on each batch it is sent; leave at once
+    when the pipe closes."""
     os.setpgrp()
     _die_with_parent()
     for s in FORWARDED:  # a Python handler inherited from the parent would not be ours
         signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
-    from gradexp import batched  # TensorFlow: why this process was started early
+    from hydra.utils import get_method
+
+    from gradexp import _tf  # noqa: F401  TensorFlow: why this process was started early
 
     while True:
         try:
-            jobs, job_logging = connection.recv()
+            task, jobs, job_logging = connection.recv()
         except (EOFError, OSError):
             break
         _console_logging(job_logging)
         try:
-            reply = ("done", batched.train(jobs))
+            reply = ("done", get_method(task)(jobs))
         except KeyboardInterrupt:
             reply = ("interrupted", None)
         except Exception as exc:

@@ -151,7 +151,7 @@ class GradexpLauncher(Launcher):
                 for batch in batches]
         job_logging = OmegaConf.to_container(
             returns[batches[0][0]].hydra_cfg.hydra.job_logging, resolve=True)
-        results = worker.train(jobs, job_logging)
+        results = worker.train("gradexp.batched.train", jobs, job_logging)
         if any(isinstance(r, KeyboardInterrupt) for r in results):
             raise KeyboardInterrupt
         stopped = []
