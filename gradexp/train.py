@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from functools import cached_property, partial
 from pathlib import Path
 
 import hydra
@@ -148,10 +149,17 @@ class Run:
     compiled: object  # gradexp.step.CompiledStep
     state: object  # gradexp.checkpoints.RunState
     step: int
-    train_batches: object
+    batches: object  # (ahead) -> data.training_batches from `step`: made when first read
     validation: tuple  # (x_val, y_val) tensors
-    histogram_batches: object  # the training stream again, read without prefetching
     runlog: object  # gradexp.logs.RunLog
+
+    @cached_property
+    def train_batches(self):
+        return self.batches(ahead=True)
+
+    @cached_property
+    def histogram_batches(self):  # the training stream again, read without prefetching
+        return self.batches(ahead=False)
 
 
 def start(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: bool = False,
@@ -179,14 +187,11 @@ def start(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
     compiled = compile_step(cfg, arrays, strategy)
     state = RunState(run_dir, compiled.model, compiled.optimizer, compiled.state_variables)
     step = state.restore() if resume else 0
-    train_batches, validation = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed,
-                                                start_step=step)
-    histogram_batches = data.training_batches(arrays, cfg.trainer.batch_size, cfg.seed,
-                                              start_step=step, ahead=False)
+    batches = partial(data.training_batches, arrays, cfg.trainer.batch_size, cfg.seed, step)
     runlog = RunLog(run_dir, list(compiled.names), cfg, start_step=step,
                     val_names=compiled.val_names)
     return Run(cfg, run_dir, list(overrides), started, where, strategy, compiled, state, step,
-               train_batches, validation, histogram_batches, runlog)
+               batches, data.validation_set(arrays), runlog)
 
 
 def finish(run: Run, result: LoopResult, logger: logging.Logger = log,
