@@ -328,7 +328,7 @@ def loop(batch: Batch, runs: list[training.Run], loggers: list[logging.Logger],
             done[what] = do()
         return done[what]
 
-    def evaluate(k):
+    def evaluate(k):  # on the first run's validation set: the runs' one dataset's
         measured = for_all("evaluate", lambda: {name: value.numpy() for name, value in
                                                batch.evaluate(*runs[0].validation).items()})
         return {name: values[k] for name, values in measured.items()}
