@@ -53,7 +53,7 @@ def why_separate(cfg: DictConfig) -> str | None:
 NOT_BIT_EXACT = {"cnn": "XLA compiles its convolutions inside the batch's loop to another order "
                         "of floating-point operations (losses apart from step 3)"}
 NOT_BIT_EXACT_WITHOUT_XLA = {"transformer": "TensorFlow's kernels inside the batch's loop leave "
-                                            "its weights 1 ulp off its own run's"}
+                                            "its numbers off its own run's in the last bits"}
 
 
 # Keys whose values are data of the compiled step, not program: the seed (initial weights,

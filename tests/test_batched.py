@@ -340,7 +340,7 @@ def test_a_cnn_is_not_batched_its_convolutions_are_not_bit_for_bit(make_cfg):
     for model in (["model=mlp"], ["model=rnn", "dataset=adding"],
                   ["model=transformer", "dataset=digits"]):
         assert grouping.why_separate(make_cfg(*model)) is None
-    # and without XLA, measured: the transformer's weights 1 ulp off (mlp, rnn: equal)
+    # and without XLA, measured: the transformer's numbers off in the last bits (mlp, rnn: equal)
     assert "model=transformer with trainer.jit_compile=false" in grouping.why_separate(
         make_cfg("model=transformer", "dataset=digits", "trainer.jit_compile=false"))
     assert grouping.why_separate(make_cfg("model=rnn", "dataset=adding",
