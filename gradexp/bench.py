@@ -91,25 +91,25 @@ def _setup(cfg):
 
 
 def unlogged_steps_per_s(cfg) -> float:
-    """gradexp's compiled calls alone: the same steps, measurements and final evaluation,
-    nothing written (no table, events, histograms or progress lines)."""
-    from gradexp import devices
+    """gradexp's compiled calls alone (gradexp/engine.py): the same steps, measurements and
+    final evaluation, nothing written (no table, events, histograms or progress lines)."""
     from gradexp._tf import tf
-    from gradexp.step import compile_step
+    from gradexp.engine import Engine
+    from gradexp.grouping import Job
+    from gradexp.train import start
 
-    arrays, train_batches, validation = _setup(cfg)
-    strategy = devices.strategy(cfg.strategy)
-    compiled = compile_step(cfg, arrays, strategy)
-    iterator = iter(strategy.experimental_distribute_dataset(train_batches))
-    n = tf.constant(cfg.trainer.log_every)
-    compiled.train_steps(iterator, n).numpy()  # traces
-    compiled.evaluate.get_concrete_function(*validation)
-    calls = max(1, cfg.trainer.steps // cfg.trainer.log_every - 1)
-    start = time.perf_counter()
-    for _ in range(calls):
-        compiled.train_steps(iterator, n).numpy()
-    compiled.evaluate(*validation)["loss/val"].numpy()  # the run's one evaluation, at its end
-    return calls * cfg.trainer.log_every / (time.perf_counter() - start)
+    with tempfile.TemporaryDirectory() as run_dir:
+        run = start(Job(cfg, Path(run_dir), []))
+        engine = Engine(run, 1)
+        n, every, going = tf.constant(cfg.trainer.log_every), cfg.trainer.log_every, [True]
+        engine.train_steps(tf.constant(0, tf.int64), n, going)[0].numpy()  # traces, compiles
+        engine.evaluate.get_concrete_function(*run.validation)
+        calls = max(1, cfg.trainer.steps // every - 1)
+        begin = time.perf_counter()
+        for call in range(1, calls + 1):
+            engine.train_steps(tf.constant(call * every, tf.int64), n, going)[0].numpy()
+        engine.evaluate(*run.validation)["loss/val"].numpy()  # the run's one evaluation
+        return calls * every / (time.perf_counter() - begin)
 
 
 def _model_and_loss(cfg, arrays):
@@ -254,7 +254,7 @@ def write_sweep(sweep: Path, runs: int, steps: int) -> None:
     from gradexp.rundir import write_json
     from gradexp.step import metric_names
 
-    names = metric_names(["dense_1", "dense_2", "dense_3"])
+    names = metric_names(["dense_1", "dense_2", "dense_3"])  # the telemetry's are not every step's
     rng = np.random.default_rng(0)
     composed = {clip: compose_cfg(steps, f"clip={clip}") for clip in ("null", "0.1")}
     for k in range(runs):

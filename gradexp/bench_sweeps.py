@@ -3,7 +3,7 @@
 for the MLP sweep, 2.5 with the RNN's).
 
 A clipping sweep of small runs, launched as a user launches it, with Hydra's basic launcher and
-with gradexp's own (`hydra/launcher=gradexp`: gradexp/batched.py, gradexp/worker.py) with one
+with gradexp's own (`hydra/launcher=gradexp`: gradexp/engine.py, gradexp/worker.py) with one
 worker process and with two (a group of runs split into two batches), taking turns:
 
     sweep_speedup        wall time of `python -m gradexp.train -m clip=null,0.1 seed=0,1,2,3,4`

@@ -1,20 +1,15 @@
-"""A run's state on disk, and stopping cleanly when asked.
+"""A run's state in variables, and on disk.
 
-A checkpoint holds the model, the optimizer (with its loss scale under mixed_float16) and the
-parameter-clipping state, numbered by the step it was taken after. Nothing else needs saving:
-the training order is a function of (seed, step) (gradexp/data.py), and the step's randomness
-is seeded from the config. `resume=<run dir>` restores the latest checkpoint and carries on.
-
-SIGINT and SIGTERM during training set a flag that the loop reads between compiled calls
-(every `trainer.log_every` steps at most): it flushes the logs, saves a checkpoint and marks the
-run interrupted. A second SIGINT stops at once. SIGUSR2, a scheduler's notice (submitit's
-requeue on pre-emption or time-out), does the same before its own handler runs.
+The state is the model's variables, the optimizer's (with its loss scale under mixed_float16)
+and the carry: the clipping method's and the spike detector's state (gradexp/step.py), held
+between compiled calls in variables made here and saved under the checkpoint key `clipping`. A
+checkpoint is numbered by the step it was taken after. Nothing else needs saving: the training
+order is a function of (seed, step) (gradexp/data.py), and the step's randomness is seeded from
+the config. `resume=<run dir>` restores the latest checkpoint and carries on.
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
 from pathlib import Path
 
 from gradexp._tf import tf
@@ -22,11 +17,17 @@ from gradexp.rundir import CHECKPOINTS
 
 
 class RunState:
-    """The checkpoint of a run's model, optimizer and clipping state, in <run>/checkpoints."""
+    """A run's carry variables (made from `step`'s initial carry, under `strategy`) and the
+    checkpoints of its whole state in <run>/checkpoints."""
 
-    def __init__(self, run_dir: Path, model, optimizer, clipping_state: list):
-        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
-                                              clipping=list(clipping_state))
+    def __init__(self, run_dir: Path, step, strategy):
+        with strategy.scope():  # every replica computes the same carry: the first's is kept
+            self.carry = [tf.Variable(value, trainable=False, name=name,
+                                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                          for name, value in zip(step.carry_names, step.initial_carry(),
+                                                 strict=True)]
+        self.checkpoint = tf.train.Checkpoint(model=step.model, optimizer=step.optimizer,
+                                              clipping=list(self.carry))
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, str(run_dir / CHECKPOINTS), max_to_keep=1, checkpoint_name="step")
 
@@ -47,37 +48,3 @@ class RunState:
         status.assert_existing_objects_matched()
         del status
         return step
-
-
-class StopRequests:
-    """Which signal asked the run to stop (None while none has)."""
-
-    signal: int | None = None
-
-
-@contextlib.contextmanager
-def stop_requests():
-    """Within the block, SIGINT and SIGTERM ask the run to stop at the next safe point. So does
-    SIGUSR2 when a Python handler owns it: a job scheduler's warning that the job is about to be
-    stopped (submitit's handler requeues the job and exits at once). Its handler is put back
-    when the block ends, for the caller to call once the run is checkpointed and recorded."""
-    requests = StopRequests()
-
-    def ask(signum, frame):
-        if requests.signal == signal.SIGINT and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # asked twice: stop now
-        requests.signal = signum
-
-    watched = [signal.SIGINT, signal.SIGTERM]
-    usr2 = getattr(signal, "SIGUSR2", None)
-    if usr2 is not None and callable(signal.getsignal(usr2)):
-        watched.append(usr2)
-    try:
-        previous = {s: signal.signal(s, ask) for s in watched}
-    except ValueError:  # not the main thread: leave signals to whoever owns them
-        previous = {}
-    try:
-        yield requests
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)

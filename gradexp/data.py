@@ -327,41 +327,93 @@ def pipelines(a: Arrays, batch_size: int, seed: int, start_step: int = 0,
     return training_batches(a, batch_size, seed, start_step, ahead), validation_set(a)
 
 
+def epoch_order(seed, epoch, n: int) -> tf.Tensor:
+    """The order of the n training examples in epoch `epoch` (from 0) of a run of `seed`:
+    argsort(stateless_uniform(n, seed=[seed, epoch])), a function of (seed, epoch) alone."""
+    noise = tf.random.stateless_uniform([n], seed=tf.stack([tf.cast(seed, tf.int64),
+                                                            tf.cast(epoch, tf.int64)]))
+    return tf.argsort(noise)
+
+
+def batch_indices(seed, n: int, batch_size: int, first_step, steps: int) -> tf.Tensor:
+    """[steps, batch_size]: the indices into the n training examples of the batches of steps
+    first_step + 1, ..., first_step + steps. Batches run across epoch boundaries: the batch of
+    step t holds the examples at positions (t − 1)·B ... t·B − 1 of the epochs' orders laid end
+    to end (`epoch_order`)."""
+    first = tf.cast(first_step, tf.int64) * batch_size
+    count = steps * batch_size
+    first_epoch = first // n
+    epochs = tf.range(first_epoch, (first + count - 1) // n + 1)
+    orders = tf.map_fn(lambda e: epoch_order(seed, e, n), epochs,
+                       fn_output_signature=tf.TensorSpec([n], tf.int32))
+    start = first - first_epoch * n
+    return tf.reshape(tf.reshape(orders, [-1])[start:start + count], [steps, batch_size])
+
+
+def examples(a: Arrays, seeds, batch_size: int, first_step, steps: int):
+    """The training batches of `steps` steps from `first_step` of runs of `seeds` ([K] int64),
+    as (x_source, y_source, indices [K, steps, batch_size]): run k's batch of step first_step +
+    1 + i is x_source[indices[k, i]] (and y_source's). The examples of a dataset held in memory
+    are its own arrays; a stream's are drawn for these steps (`stream_batches`' draws)."""
+    if a.stream is None:
+        check_batch_size(a, batch_size)
+        indices = tf.map_fn(
+            lambda seed: batch_indices(seed, len(a.x_train), batch_size, first_step, steps),
+            seeds, fn_output_signature=tf.TensorSpec([steps, batch_size], tf.int32))
+        return tf.constant(a.x_train), tf.constant(a.y_train), indices
+
+    def draw(seeds, first_step):
+        drawn = [a.stream(int(seed), int(first_step) + i, batch_size)
+                 for seed in seeds for i in range(steps)]
+        return (np.concatenate([x for x, _ in drawn]).astype(a.x_val.dtype),
+                np.concatenate([y for _, y in drawn]).astype(a.y_val.dtype))
+
+    x, y = tf.numpy_function(draw, [seeds, first_step], (tf.as_dtype(a.x_val.dtype),
+                                                          tf.as_dtype(a.y_val.dtype)),
+                             stateful=False)
+    k = tf.shape(seeds)[0]
+    x = tf.ensure_shape(x, [None, *a.x_val.shape[1:]])
+    y = tf.ensure_shape(y, [None, *a.y_val.shape[1:]])
+    return x, y, tf.reshape(tf.range(k * steps * batch_size), [k, steps, batch_size])
+
+
 def training_batches(a: Arrays, batch_size: int, seed: int, start_step: int = 0,
                      ahead: bool = True) -> tf.data.Dataset:
-    """Endless training batches.
+    """Endless training batches, as a tf.data.Dataset (model.fit's input; the trainer draws
+    the same batches, a call's at a time, with `examples`).
 
-    Training order: epoch e is the permutation argsort(stateless_uniform(n, seed=[seed, e])) of
-    the n training examples; batches of `batch_size` run across epoch boundaries. The order is
-    a function of (seed, position) alone, so a resumed run starts at the batch of `start_step`
-    directly — no iterator state to save, and the same batches as an uninterrupted run.
-    `ahead`: prepare batches in background threads (prefetch; not for a stream read now and
-    then, whose idle prefetching iterator took seconds to delete).
+    Training order: epoch e is `epoch_order(seed, e)`; batches of `batch_size` run across epoch
+    boundaries. The order is a function of (seed, position) alone, so a resumed run starts at
+    the batch of `start_step` directly — no iterator state to save, and the same batches as an
+    uninterrupted run. `ahead`: prepare batches in background threads (prefetch).
     """
     if a.stream is not None:
         return stream_batches(a, batch_size, seed, start_step, ahead)
+    check_batch_size(a, batch_size)
     n = len(a.x_train)
-    if batch_size > n:
-        raise ConfigError(f"trainer.batch_size={batch_size}: larger than the "
-                         f"{n} training examples")
     x_train, y_train = tf.constant(a.x_train), tf.constant(a.y_train)
     first_example = start_step * batch_size
 
     @tf.autograph.experimental.do_not_convert  # no control flow: tracing as written is faster
-    def epoch_order(epoch):
-        noise = tf.random.stateless_uniform([n], seed=tf.stack([tf.cast(seed, tf.int64), epoch]))
-        return tf.data.Dataset.from_tensor_slices(tf.argsort(noise))
+    def order(epoch):
+        return tf.data.Dataset.from_tensor_slices(epoch_order(seed, epoch, n))
 
     @tf.autograph.experimental.do_not_convert
-    def examples(i):
+    def gather(i):
         return tf.gather(x_train, i), tf.gather(y_train, i)
 
     train = (tf.data.Dataset.range(first_example // n, 2**62)
-             .flat_map(epoch_order)
+             .flat_map(order)
              .skip(first_example % n)
              .batch(batch_size, drop_remainder=True)
-             .map(examples))
+             .map(gather))
     return train.prefetch(AHEAD) if ahead else train
+
+
+def check_batch_size(a: Arrays, batch_size: int) -> None:
+    if batch_size > len(a.x_train):
+        raise ConfigError(f"trainer.batch_size={batch_size}: larger than the "
+                          f"{len(a.x_train)} training examples")
 
 
 def stream_batches(a: Arrays, batch_size: int, seed: int, start_step: int,

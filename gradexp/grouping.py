@@ -1,4 +1,4 @@
-"""Which of a sweep's runs can share one compiled step (gradexp/batched.py), decided from their
+"""Which of a sweep's runs can share one compiled step (gradexp/engine.py), decided from their
 configs alone, without TensorFlow: `hydra/launcher=gradexp` groups a sweep's jobs in the process
 that composes them, before any of them trains.
 
@@ -17,15 +17,16 @@ from omegaconf import DictConfig, OmegaConf
 
 @dataclass(frozen=True)
 class Job:
-    """One run of a batch: its config, directory, overrides and log file name, and its
-    provenance.json as the launcher wrote it when it set the run up (None: the run records its
-    own when it starts)."""
+    """One run: its config, directory and overrides; under hydra/launcher=gradexp its log file
+    (name and format, as its job's Hydra logging has them) and its provenance.json as the
+    launcher wrote it when it set the run up (None: the run records its own when it starts)."""
 
     cfg: DictConfig
     run_dir: Path
     overrides: list
     log_name: str = "train.log"
     provenance: dict | None = None
+    log_format: str = "[%(asctime)s] %(message)s"  # its job_logging's file handler's
 
 
 def why_separate(cfg: DictConfig) -> str | None:
@@ -33,27 +34,8 @@ def why_separate(cfg: DictConfig) -> str | None:
     if cfg.deterministic:
         return "deterministic=true: each run is its own program, bit for bit"
     if cfg.strategy != "none":
-        return f"strategy={cfg.strategy}"
-    if cfg.precision != "float32":
-        return f"precision={cfg.precision}"
-    if cfg.trainer.on_spike != "none":
-        return f"trainer.on_spike={cfg.trainer.on_spike}"
-    if cfg.model.name in NOT_BIT_EXACT:
-        return f"model={cfg.model.name}: {NOT_BIT_EXACT[cfg.model.name]}"
-    if not cfg.trainer.jit_compile and cfg.model.name in NOT_BIT_EXACT_WITHOUT_XLA:
-        return (f"model={cfg.model.name} with trainer.jit_compile=false: "
-                f"{NOT_BIT_EXACT_WITHOUT_XLA[cfg.model.name]}")
+        return f"strategy={cfg.strategy}: a run of its own on every replica"
     return None
-
-
-# Models whose step, looped over runs inside the compiled program, does not give the separate
-# run's numbers bit for bit (measured: metrics.csv, checkpoints and histograms of 2-3 seeds x
-# 60-100 steps against the separate runs'; mlp, rnn with each cell and transformer are equal,
-# and without XLA mlp and rnn with each cell).
-NOT_BIT_EXACT = {"cnn": "XLA compiles its convolutions inside the batch's loop to another order "
-                        "of floating-point operations (losses apart from step 3)"}
-NOT_BIT_EXACT_WITHOUT_XLA = {"transformer": "TensorFlow's kernels inside the batch's loop leave "
-                                            "its numbers off its own run's in the last bits"}
 
 
 # Keys whose values are data of the compiled step, not program: the seed (initial weights,

@@ -86,7 +86,7 @@ def clip_gradient(x, clip_min=None, clip_max=None, scale=1.0, grad_scale=1.0, *,
     zeros the caller watches) receives the backward pass's statistics as its gradient.
     `bounds`, a float32 tensor [low, high] (±inf: no bound), takes the place of clip_min and
     clip_max: bounds that are data, not program, so that runs differing only in them share
-    one compiled step (gradexp/batched.py). Clipping to ±inf leaves dy as it is, bit for bit.
+    one compiled step (gradexp/engine.py). Clipping to ±inf leaves dy as it is, bit for bit.
     """
     if norm_axis not in NORM_AXES:
         raise ValueError(f"norm_axis={norm_axis}: must be one of {', '.join(NORM_AXES)}")

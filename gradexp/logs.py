@@ -5,7 +5,8 @@
   `learning_rate`), validation metrics, gradient histograms, and the run's HParams (the flattened
   config) with its final metrics (`final/...`).
 - `metrics.csv`: one row per step, the same names as columns (validation columns are filled at
-  the steps where the model was evaluated). pandas reads it directly.
+  the steps where the model was evaluated, the per-layer telemetry's at the steps that measured
+  it). pandas reads it directly.
 - `summary.json`: status (running, completed, diverged, failed), final figures, wall time and the
   resolved config. Written atomically; it says `running` until the run ends.
 """
@@ -16,6 +17,7 @@ import csv
 import os
 import socket
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -243,22 +245,35 @@ class EventWriter:
         self.file.close()
 
 
+# One thread writes every run's table and event files, in the order the writes were asked for,
+# while the training loop goes on with its next compiled call (which runs without the GIL):
+# formatting a call's rows took 10-20% of a small model's steps when the loop waited for it.
+_WRITER = ThreadPoolExecutor(1, thread_name_prefix="gradexp-writer")
+
+
 class RunLog:
-    """The writers of one run directory. `names` are the per-step measurements, in row order."""
+    """The writers of one run directory. `names` are the per-step measurements, in row order;
+    the last of them, `telemetry`, are measured only at some steps (`steps`' `measured`).
+    Writing happens in a background thread: `flush()` waits for it (before a checkpoint, so
+    that the table holds every step the checkpoint has)."""
 
     def __init__(self, run_dir: Path, names: list[str], cfg: DictConfig, start_step: int = 0,
-                 val_names: tuple[str, ...] = VAL_COLUMNS):
+                 val_names: tuple[str, ...] = VAL_COLUMNS, telemetry: tuple[str, ...] = ()):
         """A new run (start_step 0), or one resumed after `start_step`: its table keeps the
         rows up to that step and grows from there; TensorBoard is told to drop later points."""
         from tensorboard.plugins.hparams import summary_v2 as hp
 
         self.run_dir, self.names = run_dir, list(names)
-        self.val_names = tuple(val_names)
+        self.val_names, self.telemetry = tuple(val_names), tuple(telemetry)
+        self.every_step = len(self.names) - len(self.telemetry)  # columns of every step
+        assert tuple(self.names[self.every_step:]) == self.telemetry
         header = ["step", *self.names, *self.val_names]
         self._past_rows = keep_rows(run_dir / METRICS, header, start_step)
         self._table_file = open(run_dir / METRICS, "a" if start_step else "w", newline="")
-        self._row_format = ",".join(["%d"] + ["%.9g"] * len(self.names)
-                                    + ["%s"] * len(self.val_names)) + "\n"
+        self._row_format = ",".join(["%d"] + ["%.9g"] * self.every_step
+                                    + ["%s"] * (len(self.telemetry) + len(self.val_names))) + "\n"
+        self._blank = [""] * (len(self.telemetry) + len(self.val_names))
+        self._last: Future | None = None
         self.events = EventWriter(run_dir)
         if start_step:
             self.events.write(purge_event(start_step))
@@ -270,31 +285,55 @@ class RunLog:
     def past_values(self, name: str) -> list[np.float32]:
         """A resumed run's measurement `name` at steps 1..start_step, as the float32 numbers
         the table was written from (so a resumed run's figures are an uninterrupted run's);
-        NaN where a validation column is blank (steps without an evaluation)."""
+        NaN where a column is blank (steps without an evaluation or a measurement)."""
         column = ["step", *self.names, *self.val_names].index(name)
         return [np.float32(row[column] or "nan") for row in self._past_rows]
 
-    def steps(self, steps: np.ndarray, rows: np.ndarray, val: dict[str, float] | None) -> None:
-        """Record measured steps (`rows[i]` belongs to `steps[i]`); `val` to the last of them.
+    def _write(self, work, *args) -> None:
+        if self._last is not None and self._last.done():
+            self._last.result()  # a failed write (a full disk) is raised here, in the loop
+        self._last = _WRITER.submit(work, *args)
+
+    def flush(self) -> None:
+        """Wait until everything asked for is written (raising what a write raised)."""
+        if self._last is not None:
+            self._last.result()
+
+    def steps(self, steps: np.ndarray, rows: np.ndarray, val: dict[str, float] | None,
+              measured: bool = False) -> None:
+        """Record measured steps (`rows[i]` belongs to `steps[i]`); `val` to the last of them,
+        and with `measured` the telemetry's columns of the last row (blank in the others).
 
         The table gets `%.9g`: nine significant digits, read back as float32, give back every
         float32 exactly (summarize and a resumed run read it so)."""
-        if len(rows) == 0:
-            return
-        listed = rows.tolist()
-        self.events.rows(steps, self.names, listed)
-        blank = [""] * len(self.val_names)
-        lines = [self._row_format % (step, *row, *blank)
-                 for step, row in zip(steps.tolist(), listed, strict=True)]
+        if len(rows):
+            self._write(self._steps, steps, rows, val, measured)
+
+    def _steps(self, steps, rows, val, measured) -> None:
+        every = rows[:, :self.every_step].tolist()
+        self.events.rows(steps, self.names[:self.every_step], every)
+        lines = [self._row_format % (step, *row, *self._blank)
+                 for step, row in zip(steps.tolist(), every, strict=True)]
+        last = int(steps[-1])
+        extra = {}
+        if measured and self.telemetry:
+            extra.update(zip(self.telemetry, rows[-1, self.every_step:].tolist(), strict=True))
         if val is not None:
-            self.events.scalars(int(steps[-1]), val)
-            lines[-1] = self._row_format % (int(steps[-1]), *listed[-1],
-                                            *(f"{val[c]:.9g}" for c in self.val_names))
+            extra.update(val)
+        if extra:
+            self.events.scalars(last, extra)
+            lines[-1] = self._row_format % (last, *every[-1], *(
+                f"{extra[c]:.9g}" if c in extra else "" for c in (*self.telemetry,
+                                                                  *self.val_names)))
         self._table_file.write("".join(lines))
         self._table_file.flush()
         self.events.flush()
 
     def histograms(self, step: int, tensors: dict[str, Any]) -> None:
+        """Histograms of `tensors` (NumPy arrays) at `step`, of their finite values."""
+        self._write(self._histograms, step, tensors)
+
+    def _histograms(self, step: int, tensors: dict[str, Any]) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
         from tensorboard.plugins.histogram import summary_v2 as histogram
 
@@ -309,6 +348,7 @@ class RunLog:
     def close(self, step: int, final: dict[str, float]) -> None:
         """Final metrics as `final/<name>` scalars (the HParams view's metric columns)."""
         values = {f"final/{k}": v for k, v in final.items() if v is not None}
+        self.flush()
         if values:
             self.events.scalars(step, values)
         self.events.close()

@@ -1,8 +1,12 @@
 """The optimizer of a run: each factory registered by `@optimizer(name)` under its schema's name
-(gradexp/config/optimizer.py), and `make_optimizer`, which adds loss scaling when the precision
-asks for it."""
+(gradexp/config/optimizer.py); `make_optimizer`, which adds loss scaling when the precision asks
+for it; and `stateless_update`, Keras's own `stateless_apply` for the TensorFlow backend, by which
+the training step updates a run's state as a value (gradexp/step.py)."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
 
 from omegaconf import DictConfig
 
@@ -24,6 +28,12 @@ def adam(o: DictConfig):
                                  epsilon=o.epsilon)
 
 
+@optimizer("adamw")
+def adamw(o: DictConfig):
+    return keras.optimizers.AdamW(o.learning_rate, weight_decay=o.weight_decay, beta_1=o.beta_1,
+                                  beta_2=o.beta_2, epsilon=o.epsilon)
+
+
 def make_optimizer(o: DictConfig, precision: str):
     """The optimizer of `o`; under mixed_float16 inside Keras's dynamic loss scaling."""
     made = OPTIMIZERS[o.name](o)
@@ -32,46 +42,51 @@ def make_optimizer(o: DictConfig, precision: str):
     return made
 
 
-def apply_in_scope(optimizer, grads: list, params: list, scope) -> None:
-    """`optimizer.apply(grads, params)` on the values a keras.StatelessScope holds (gradexp/
-    batched.py). Keras's TensorFlow optimizers cannot update stateless (they need tf.Variables
-    for tf.distribute), so their rules are restated here, operation for operation as Keras 3
-    computes them, with t = iterations + 1 and lr the learning rate:
+Update = Callable[[list, list, list], tuple[list, list]]
 
-        SGD   m ← m·momentum − g·lr,  θ ← θ + m     (nesterov: θ ← θ + m·momentum − g·lr,
-              with the new m; momentum 0: θ ← θ − g·lr)
-        Adam  α = lr·sqrt(1 − β2^t) / (1 − β1^t),  m ← m + (g − m)(1 − β1),
-              v ← v + (g² − v)(1 − β2),  θ ← θ − m·α / (sqrt(v) + ε)
 
-    then iterations ← t. None gradients leave their parameter as it is."""
-    from gradexp._tf import tf
+def stateless_update(optimizer, params: list) -> Update:
+    """`update(optimizer_values, grads, param_values) -> (param_values, optimizer_values)`:
+    Keras's `optimizer.stateless_apply` for an optimizer built on `params` — the new values of
+    its state and of the parameters, its variables untouched — under the TensorFlow backend too.
 
-    read = scope.get_current_value
+    Keras defines stateless_apply once, in BaseOptimizer, for every optimizer: it maps the
+    variables to the values given (a keras.StatelessScope) and runs the optimizer's own
+    `apply`, whose `update_step` writes through `self.assign*`. The TensorFlow backend's
+    TFOptimizer refuses it ("incompatible with tf.distribute") and overrides the writes and the
+    per-variable loop to go to tf.Variables through tf.distribute's cross-replica update (Keras
+    3.15: keras/src/backend/tensorflow/optimizer.py). While the returned function runs, those
+    overrides give way to BaseOptimizer's (assign, assign_add, assign_sub, the update loop,
+    weight decay, stateless_apply itself) and the variables' keys, which TFOptimizer reads from
+    their values, are the ones computed here beforehand: the arithmetic is the optimizer's own,
+    for any Keras optimizer (a LossScaleOptimizer keeps its own stateless_apply and hands the
+    inner one this path). One run's state, on one device: a distribution strategy updates its
+    variables the TensorFlow way (gradexp/step.py)."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
 
-    def add(variable, delta):
-        scope.add_update((variable, read(variable) + delta))
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    optimizers = [optimizer, *([optimizer.inner_optimizer] if scaled else [])]
+    keys = [{id(v): o._var_key(v) for v in params} for o in optimizers]
+    overrides = ("assign", "assign_add", "assign_sub", "_backend_update_step",
+                 "_apply_weight_decay")
 
-    lr = tf.convert_to_tensor(optimizer.learning_rate)
-    t = read(optimizer.iterations) + 1
-    for i, (g, v) in enumerate(zip(grads, params, strict=True)):
-        if g is None:
-            continue
-        dtype = v.dtype
-        g, rate = tf.cast(g, dtype), tf.cast(lr, dtype)
-        if isinstance(optimizer, keras.optimizers.SGD) and optimizer.momentum == 0:
-            add(v, -(g * rate))
-        elif isinstance(optimizer, keras.optimizers.SGD):
-            m, momentum = optimizer.momentums[i], tf.cast(optimizer.momentum, dtype)
-            scope.add_update((m, read(m) * momentum - g * rate))
-            add(v, read(m) * momentum - g * rate if optimizer.nesterov else read(m))
-        elif isinstance(optimizer, keras.optimizers.Adam) and not optimizer.amsgrad:
-            step = tf.cast(t, dtype)
-            b1, b2 = tf.cast(optimizer.beta_1, dtype), tf.cast(optimizer.beta_2, dtype)
-            alpha = rate * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
-            m, s = optimizer._momentums[i], optimizer._velocities[i]
-            add(m, (g - read(m)) * (1 - optimizer.beta_1))
-            add(s, (tf.square(g) - read(s)) * (1 - optimizer.beta_2))
-            add(v, -((read(m) * alpha) / (tf.sqrt(read(s)) + optimizer.epsilon)))
-        else:
-            raise TypeError(f"{type(optimizer).__name__}: no stateless update")
-    scope.add_update((optimizer.iterations, t))
+    @contextlib.contextmanager
+    def keras_core_path():
+        for o, key in zip(optimizers, keys, strict=True):
+            names = [*overrides, *(["stateless_apply"] if not (scaled and o is optimizer) else [])]
+            for name in names:
+                setattr(o, name, getattr(BaseOptimizer, name).__get__(o))
+            o._var_key = lambda v, key=key: key[id(v)]
+        try:
+            yield
+        finally:
+            for o in optimizers:
+                for name in (*overrides, "stateless_apply", "_var_key"):
+                    o.__dict__.pop(name, None)
+
+    def update(optimizer_values: list, grads: list, param_values: list):
+        with keras_core_path():
+            return optimizer.stateless_apply(list(optimizer_values), list(grads),
+                                             list(param_values))
+
+    return update

@@ -1,6 +1,8 @@
-"""Per-layer telemetry, computed inside the compiled step for every layer with trainable weights
-(`trainer.layer_norms`, on by default). With θ_l the weights of layer l (all its variables
-together), g_l their gradient and Δθ_l = θ_l(after the step) − θ_l(before it):
+"""Per-layer telemetry, computed by the training step for every layer with trainable weights
+(`trainer.layer_norms`, on by default) at the steps whose measurements are logged with a
+progress line (the last step of each compiled call: gradexp/step.py). With θ_l the weights of
+layer l (all its variables together), g_l their gradient and Δθ_l = θ_l(after the step) −
+θ_l(before it):
 
     param_grad_norm/<l>        ‖g_l‖ = sqrt(Σ_v∈l Σ g_v²), before parameter clipping
     param_grad_norm/<l>/post   the same after parameter clipping: what the optimizer was given
@@ -43,26 +45,17 @@ def _norms_by_layer(params, tensors) -> dict[str, tf.Tensor]:
     return {layer: tf.sqrt(tf.add_n(s)) for layer, s in squares.items()}
 
 
-class LayerNorms:
-    """`before(params)` when the step starts (a copy of the weights), then
-    `measure(params, grads, clipped)` after the update: {metric name: value}."""
-
-    def __init__(self, params):
-        self.params = list(params)
-
-    def before(self) -> list[tf.Tensor]:
-        return [tf.identity(tf.convert_to_tensor(v)) for v in self.params]
-
-    def measure(self, weights_before, grads, clipped) -> dict[str, tf.Tensor]:
-        after = [tf.identity(tf.convert_to_tensor(v)) for v in self.params]
-        norms = {"param_grad_norm": _norms_by_layer(self.params, grads),
-                 "param_grad_norm/post": _norms_by_layer(self.params, clipped),
-                 "update_norm": _norms_by_layer(
-                     self.params, [a - b for a, b in zip(after, weights_before, strict=True)]),
-                 "param_norm": _norms_by_layer(self.params, after)}
-        norm_before = _norms_by_layer(self.params, weights_before)
-        norms["update_ratio"] = {layer: norms["update_norm"][layer] / norm_before[layer]
-                                 for layer in norm_before}
-        names = metric_names(layer_names(self.params))
-        values = [norms[kind][layer] for layer in layer_names(self.params) for kind in KINDS]
-        return dict(zip(names, values, strict=True))
+def measure(params, before, grads, clipped, after) -> dict[str, tf.Tensor]:
+    """{metric name: value} for the variables `params`, from their values `before` and `after`
+    the step, their gradients and the gradients after parameter clipping."""
+    norms = {"param_grad_norm": _norms_by_layer(params, grads),
+             "param_grad_norm/post": _norms_by_layer(params, clipped),
+             "update_norm": _norms_by_layer(
+                 params, [a - b for a, b in zip(after, before, strict=True)]),
+             "param_norm": _norms_by_layer(params, after)}
+    norm_before = _norms_by_layer(params, before)
+    norms["update_ratio"] = {layer: norms["update_norm"][layer] / norm_before[layer]
+                             for layer in norm_before}
+    layers = layer_names(params)
+    return dict(zip(metric_names(layers),
+                    [norms[kind][layer] for layer in layers for kind in KINDS], strict=True))

@@ -1,9 +1,9 @@
 """Train one model with clip layers inserted: `python -m gradexp.train [key=value ...]`.
 
 `-m` makes a sweep (`python -m gradexp.train -m clip=null,0.1 seed=0,1,2`); `--help` lists the
-config groups and keys. The file reads top to bottom: the entry point, `train` (a recipe:
-provenance, process, data, the compiled step of gradexp/step.py, state, loop, summary), the
-loop, then its small helpers.
+config groups and keys. The file reads top to bottom: Hydra's task (`run`), the entry point,
+`train_runs` (a recipe for one run or a batch of K: set each run up, the compiled engine of
+gradexp/engine.py, the loop, finish), the loop, then how a run starts and finishes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from functools import cached_property, partial
 from pathlib import Path
 
 import hydra
@@ -26,8 +25,17 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from gradexp import config, provenance, rundir
-from gradexp.measures import divergence_step, final_loss, succeeded, success_step
+from gradexp.grouping import Job
 from gradexp.rundir import write_json
+from gradexp.stopping import exit_status, stop_requests
+from gradexp.tracking import (
+    LoopResult,
+    Tracker,
+    final_line,
+    progress_parts,
+    run_summary,
+    steps_to_next_event,
+)
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("gradexp")
@@ -48,13 +56,13 @@ def run(cfg: DictConfig) -> dict:
         if action == rundir.KEEP:
             return rundir.read_status(run_dir)[1]
         resume = action == rundir.RESUME
+    job = Job(cfg, run_dir, overrides)
     try:
-        summary = train(cfg, run_dir, overrides, resume=resume)
+        summary = train_runs([job], resume=resume)[0]
     except Exception as exc:
-        message = record_failure(exc, cfg, run_dir, overrides)
         if hydra_cfg.mode == RunMode.MULTIRUN:
-            log.error("run failed: %s (%s)", message or repr(exc), run_dir)
-            return {"status": rundir.FAILED}
+            return failed(exc, job)
+        message = record_failure(exc, job)
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)
@@ -64,17 +72,24 @@ def run(cfg: DictConfig) -> dict:
         scheduler = signal.getsignal(stopped_by)
         if stopped_by not in (signal.SIGINT, signal.SIGTERM) and callable(scheduler):
             scheduler(stopped_by, None)  # submitit's SIGUSR2: requeue this job, then exit
-        raise SystemExit(128 + stopped_by)
+        raise SystemExit(exit_status(stopped_by))
     return summary
 
 
-def record_failure(exc: Exception, cfg: DictConfig, run_dir: Path, overrides) -> str | None:
+def record_failure(exc: Exception, job: Job) -> str | None:
     """Record a run's crash in its summary.json; return the one-line explanation of bad input
     found late (e.g. a dataset file missing), None for a bug."""
-    write_json(run_dir / rundir.SUMMARY, {
+    write_json(job.run_dir / rundir.SUMMARY, {
         "status": rundir.FAILED, "error": f"{type(exc).__name__}: {exc}",
-        "config": OmegaConf.to_container(cfg), "overrides": list(overrides)})
+        "config": OmegaConf.to_container(job.cfg), "overrides": list(job.overrides)})
     return config.explain(exc)
+
+
+def failed(exc: Exception, job: Job, logger: logging.Logger = log) -> dict:
+    """A sweep's run that crashed: recorded, said in one line, and the sweep goes on."""
+    message = record_failure(exc, job)
+    logger.error("run failed: %s (%s)", message or repr(exc), job.run_dir)
+    return {"status": rundir.FAILED}
 
 
 def rundir_action(run_dir: Path, cfg: DictConfig) -> str:
@@ -127,18 +142,150 @@ def main() -> None:
 
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: bool = False) -> dict:
     """Train as `cfg` says, writing into `run_dir` (resume: from its latest checkpoint);
-    return the run's summary. A recipe: set the run up, loop, finish."""
-    run = start(cfg, run_dir, overrides, resume)
-    log.info("%s %s on %s (%d steps, %s) -> %s", f"resuming at step {run.step}:" if run.step
-             else "training", cfg.model.name, cfg.dataset.name, cfg.trainer.steps, run.where,
-             run_dir)
-    return finish(run, loop(run))
+    return the run's summary."""
+    return train_runs([Job(cfg, Path(run_dir), list(overrides))], resume=resume)[0]
+
+
+def train_runs(jobs: list[Job], resume: bool = False,
+               loggers: list[logging.Logger] | None = None) -> list[dict]:
+    """Train `jobs`, runs of one structure (gradexp/grouping.py) starting at the same step, as
+    one: K = 1 a run alone, K > 1 a batch; return their summaries. A recipe: the first run set
+    up and the engine traced on it (XLA compiles it in a thread, meanwhile), the other runs set
+    up, their values loaded, the loop, each run finished. `loggers`: each run's (default: this
+    module's, Hydra's job logging)."""
+    from gradexp.engine import Engine
+
+    loggers = loggers or [log] * len(jobs)
+    runs = [start(jobs[0], resume, logger=loggers[0])]
+    engine = Engine(runs[0], len(jobs))
+    ready = engine.compile_ahead() if len(jobs) > 1 else None
+    runs += [start(job, arrays=runs[0].arrays, free_memory=False, logger=logger)
+             for job, logger in zip(jobs[1:], loggers[1:], strict=True)]
+    engine.load(runs)
+    results = loop(engine, runs, ready)
+    batch = {"runs": len(runs), "first": str(runs[0].run_dir)} if len(runs) > 1 else None
+    return [finish(run, result, batch and {**batch, "index": k})
+            for k, (run, result) in enumerate(zip(runs, results, strict=True))]
+
+
+def train_batch(jobs: list[Job]) -> list[dict]:
+    """hydra/launcher=gradexp's task, in its worker process: runs of one structure trained as
+    one batch (the launcher has sent the runs that cannot share a program one by one), each
+    logging to its own file, as a job would. A run alone that crashes is recorded and the sweep
+    goes on; a batch that crashes raises (the launcher then trains its runs one by one)."""
+    loggers = [run_logger(job) for job in jobs]
+    try:
+        if len(jobs) > 1:
+            return train_runs(jobs, loggers=loggers)
+        return [alone(jobs[0], loggers[0])]
+    finally:
+        for logger in loggers:  # a sweep of many batches keeps no file open
+            for handler in logger.handlers:
+                handler.close()
+            logger.handlers.clear()
+
+
+def alone(job: Job, logger: logging.Logger) -> dict:
+    """One run of a sweep trained on its own; a crash is recorded and the sweep goes on."""
+    try:
+        return train_runs([job], loggers=[logger])[0]
+    except Exception as exc:
+        return failed(exc, job)
+
+
+def run_logger(job: Job) -> logging.Logger:
+    """A logger writing to the run's own log file only, as its job's Hydra logging would (the
+    console gets the batch's lines): `job.log_name` in its directory, in the format of the
+    job_logging's file handler, `job.log_format`."""
+    logger = logging.getLogger(f"gradexp.run.{job.run_dir}")
+    logger.handlers.clear()
+    handler = logging.FileHandler(job.run_dir / job.log_name)
+    handler.setFormatter(logging.Formatter(job.log_format))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return logger
+
+
+def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
+    """Train the runs from their step to `trainer.steps` in calls of up to `trainer.log_every`
+    steps, each followed by each run's bookkeeping (gradexp/tracking.py). A run stops at its
+    divergence (on_divergence=stop); all stop at SIGINT/SIGTERM, after the call under way.
+    `ready`: done when the engine's programs are (a batch compiles them ahead)."""
+    from gradexp._tf import tf
+
+    t, K = runs[0].cfg.trainer, len(runs)
+    done: dict = {}  # what one call's bookkeeping does for all runs at once, done once
+
+    def for_all(what: str, do):
+        if what not in done:
+            done[what] = do()
+        return done[what]
+
+    def evaluate(k):  # the runs' one validation set
+        measured = for_all("evaluate", lambda: {name: value.numpy() for name, value in
+                                               engine.evaluate(*runs[0].validation).items()})
+        return {name: values[k] for name, values in measured.items()}
+
+    def gradients(k):
+        grads = for_all("gradients", lambda: [np.asarray(g) for g in done["grads"]])
+        return {f"gradients/{v.path}": g[k] if K > 1 else g
+                for v, g in zip(engine.params, grads, strict=True)}
+
+    def save(k):
+        def checkpoint(step):
+            for_all("sync", lambda: engine.sync(*(j for j, tr in enumerate(trackers)
+                                                  if tr.going() or j == k)))
+            runs[k].runlog.flush()  # the table holds every step the checkpoint has
+            runs[k].state.save(step)
+        return checkpoint
+
+    trackers = [Tracker(t, engine.names, run.step.val_names, run.runlog, run.first,
+                        evaluate=lambda k=k: evaluate(k), gradients=lambda k=k: gradients(k),
+                        save=save(k), logger=run.logger) for k, run in enumerate(runs)]
+    for run in runs:
+        run.logger.info("%s %s on %s (%d steps, %s%s) -> %s", f"resuming at step {run.first}:"
+                        if run.first else "training", run.cfg.model.name, run.cfg.dataset.name,
+                        t.steps, run.where, f", one of a batch of {K}" if K > 1 else "",
+                        run.run_dir)
+    if K > 1:
+        log.info("training %d runs as one batch: %s on %s (%d steps, %s, %d parts at once) -> "
+                 "%s ...", K, runs[0].cfg.model.name, runs[0].cfg.dataset.name, t.steps,
+                 runs[0].where, len(engine.parts), runs[0].run_dir)
+        ready.result()
+        for tracker in trackers:  # steps run from here
+            tracker.log.info("step %*d/%d  the batch's step is compiled and ready",
+                             len(str(t.steps)), tracker.step, t.steps)
+    with stop_requests() as stop:
+        while stop.signal is None and any(tr.going() for tr in trackers):
+            going = [tr.going() for tr in trackers]
+            step = {tr.step for tr, g in zip(trackers, going, strict=True) if g}.pop()
+            n = steps_to_next_event(step, t)
+            tick = time.perf_counter()
+            rows, steps, grads = engine.train_steps(tf.constant(step, tf.int64), tf.constant(n),
+                                                   tf.constant(going))
+            rows, steps, seconds = rows.numpy(), steps.numpy(), time.perf_counter() - tick
+            done.clear()
+            done["grads"] = grads
+            for k, tracker in enumerate(trackers):
+                if going[k]:
+                    tracker.record(rows[:steps[k], k], seconds, measured=steps[k] == n)
+            if K > 1:
+                ran = np.concatenate([rows[:steps[k], k] for k in range(K) if going[k]])
+                log.info("  ".join([*progress_parts(step + len(ran) // sum(going), t.steps, ran,
+                                                    engine.names, None),
+                                    f"{sum(tr.going() for tr in trackers)} of {K} runs going",
+                                    f"{max(steps) / seconds:.0f} steps/s per run"]))
+    engine.sync(*range(K))
+    for run in runs:
+        run.runlog.flush()
+    return [tracker.result(stop.signal) for tracker in trackers]
 
 
 @dataclass
 class Run:
-    """One run set up to train: its config and directory, the compiled step, its checkpoint
-    state, data and logs, and the step it starts from."""
+    """One run set up to train: its config and directory, its step (gradexp/step.py), its state
+    and checkpoints, data and logs, and the step it starts from."""
 
     cfg: DictConfig
     run_dir: Path
@@ -146,58 +293,53 @@ class Run:
     started: float
     where: str
     strategy: object  # a tf.distribute strategy
-    compiled: object  # gradexp.step.CompiledStep
+    step: object  # gradexp.step.Step
     state: object  # gradexp.checkpoints.RunState
-    step: int
-    batches: object  # (ahead) -> data.training_batches from `step`: made when first read
+    arrays: object  # gradexp.data.Arrays
     validation: tuple  # (x_val, y_val) tensors
+    first: int  # the step it starts from (a resumed run's checkpoint)
     runlog: object  # gradexp.logs.RunLog
+    logger: logging.Logger
 
-    @cached_property
-    def train_batches(self):
-        return self.batches(ahead=True)
-
-    @cached_property
-    def histogram_batches(self):  # the training stream again, read without prefetching
-        return self.batches(ahead=False)
+    @property
+    def carry(self) -> list:
+        return self.state.carry
 
 
-def start(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: bool = False,
-          arrays=None, free_memory: bool = True, recorded: dict | None = None) -> Run:
-    """A run set up to train: provenance, process, data (`arrays` when already loaded),
-    compiled step, state restored when resuming, logs. `free_memory`: collect the garbage of
-    earlier runs in this process first (not between the runs of a batch). `recorded`: the
-    provenance.json written for this start already (by hydra/launcher=gradexp)."""
+def start(job: Job, resume: bool = False, arrays=None, free_memory: bool = True,
+          logger: logging.Logger = log) -> Run:
+    """A run set up to train: provenance, process, data (`arrays` when already loaded), step,
+    state (restored when resuming), logs. `free_memory`: collect the garbage of earlier runs in
+    this process first (not between the runs of a batch)."""
     from gradexp import data, devices
     from gradexp.checkpoints import RunState
     from gradexp.logs import RunLog
-    from gradexp.step import compile_step
+    from gradexp.step import make_step
 
+    cfg, run_dir = job.cfg, job.run_dir
     started = time.perf_counter()
     write_json(run_dir / rundir.SUMMARY, {
-        "status": rundir.RUNNING, "overrides": list(overrides), "host": socket.gethostname(),
-        "pid": os.getpid(), "config": OmegaConf.to_container(cfg)})
+        "status": rundir.RUNNING, "overrides": list(job.overrides),
+        "host": socket.gethostname(), "pid": os.getpid(), "config": OmegaConf.to_container(cfg)})
     # the code and package versions first: even a run that fails at once keeps them
-    record = recorded or provenance.record(run_dir, resume=resume)
+    record = job.provenance or provenance.record(run_dir, resume=resume)
     where = devices.prepare_process(cfg.device, cfg.precision, cfg.seed, cfg.deterministic,
                                     free_memory)
     strategy = devices.strategy(cfg.strategy)
     provenance.add_devices(run_dir, record, devices.describe(where, cfg.strategy, strategy))
     arrays = data.load(cfg.dataset) if arrays is None else arrays
-    compiled = compile_step(cfg, arrays, strategy)
-    state = RunState(run_dir, compiled.model, compiled.optimizer, compiled.state_variables)
-    step = state.restore() if resume else 0
-    batches = partial(data.training_batches, arrays, cfg.trainer.batch_size, cfg.seed, step)
-    runlog = RunLog(run_dir, list(compiled.names), cfg, start_step=step,
-                    val_names=compiled.val_names)
-    return Run(cfg, run_dir, list(overrides), started, where, strategy, compiled, state, step,
-               batches, data.validation_set(arrays), runlog)
+    step = make_step(cfg, arrays, strategy)
+    state = RunState(run_dir, step, strategy)
+    first = state.restore() if resume else 0
+    runlog = RunLog(run_dir, list(step.names), cfg, start_step=first, val_names=step.val_names,
+                    telemetry=step.telemetry)
+    return Run(cfg, run_dir, list(job.overrides), started, where, strategy, step, state, arrays,
+               data.validation_set(arrays), first, runlog, logger)
 
 
-def finish(run: Run, result: LoopResult, logger: logging.Logger = log,
-           batch: dict | None = None) -> dict:
+def finish(run: Run, result: LoopResult, batch: dict | None = None) -> dict:
     """Checkpoint the run where it ended, write its summary and final metrics; return it.
-    `batch`: {"runs": K, "index": k} for run k of a batch (gradexp/batched.py)."""
+    `batch`: {"runs": K, "first": its first run, "index": k} for run k of a batch."""
     run.state.save(result.step)
     summary = run_summary(result, run.cfg, run.overrides, run.where,
                           time.perf_counter() - run.started)
@@ -206,195 +348,12 @@ def finish(run: Run, result: LoopResult, logger: logging.Logger = log,
     run.runlog.close(result.step, {"loss": summary["final_loss"], "val_loss": summary["val_loss"],
                                    "val_accuracy": summary["val_accuracy"]})
     write_json(run.run_dir / rundir.SUMMARY, summary)
-    logger.info(final_line(summary, run.run_dir))
+    run.logger.info(final_line(summary, run.run_dir))
     if result.stopped_by is not None:
-        logger.info("resume with: python -m gradexp.train resume=%s", run.run_dir)
+        run.logger.info("resume with: python -m gradexp.train resume=%s", run.run_dir)
+    if batch is not None:
+        log.info(final_line(summary, run.run_dir))
     return summary
-
-
-@dataclass(frozen=True)
-class LoopResult:
-    """Where the loop ended: the last step done, every training loss so far (a resumed run's
-    earlier ones too), the last validation figures, the divergence step, the signal that
-    stopped it, and (steps, seconds) timed after the first call (which traces and compiles)."""
-
-    step: int
-    losses: list
-    error_rates: list | None  # per step, NaN but at evaluations; None: not measured
-    val: dict[str, float] | None
-    diverged_step: int | None
-    stopped_by: int | None
-    timed: tuple[int, float]
-    spike_skipped: int | None = None  # steps not applied (trainer.on_spike=skip); None: off
-
-
-class Tracker:
-    """One run's account of its training, call by call: after each compiled call `record`
-    writes its rows and, when due, evaluates, writes histograms and checkpoints. The functions
-    it is given do the work on the run's state: `evaluate()` -> {name: value},
-    `gradients()` -> {name: tensor}, `save(step)`."""
-
-    def __init__(self, t: DictConfig, names, val_names, runlog, step: int, evaluate, gradients,
-                 save, logger: logging.Logger = log):
-        self.t, self.names, self.runlog, self.step = t, list(names), runlog, step
-        self.evaluate, self.gradients, self.save, self.log = evaluate, gradients, save, logger
-        self.losses = runlog.past_values("loss/train")
-        self.measures_errors = "error_rate/val" in val_names
-        self.skips = "spike_skipped" in self.names
-        self.spike_skipped = (int(np.nansum(runlog.past_values("spike_skipped")))
-                              if self.skips else None)
-        self.error_rates = runlog.past_values("error_rate/val") if self.measures_errors else None
-        self.val, self.diverged_step = None, None
-        # steps/s: from the end of the first call (which traces and compiles) to the end of the
-        # loop, so that it counts the logging, evaluation and checkpoints of those steps
-        self.timed_from, self.first_step = None, step
-
-    def going(self) -> bool:
-        """Whether the run has steps to do: not at its end, not stopped by a divergence."""
-        return self.step < self.t.steps and (self.diverged_step is None
-                                             or self.t.on_divergence == "continue")
-
-    def record(self, rows: np.ndarray, seconds: float) -> None:
-        t, names = self.t, self.names
-        if self.timed_from is None:
-            self.timed_from, self.first_step = time.perf_counter(), self.step + len(rows)
-        steps = self.step + 1 + np.arange(len(rows))
-        self.step += len(rows)
-        self.losses.extend(rows[:, names.index("loss/train")])
-        if self.skips:
-            self.spike_skipped += int(rows[:, names.index("spike_skipped")].sum())
-        if self.diverged_step is None:
-            self.diverged_step = first_diverged_step(steps, rows, names, self.losses[0],
-                                                     t.divergence_factor)
-        step, val = self.step, None
-        if step % t.eval_every == 0 or step == t.steps:
-            val = {k: float(v) for k, v in self.evaluate().items()}
-        self.val = val
-        if self.measures_errors:
-            self.error_rates.extend([np.nan] * len(rows))
-            self.error_rates[-1] = val["error_rate/val"] if val else np.nan
-        self.runlog.steps(steps, rows, val)
-        if t.histogram_every and step % t.histogram_every == 0:
-            self.runlog.histograms(step, self.gradients())
-        if t.checkpoint_every and step % t.checkpoint_every == 0:
-            self.save(step)
-        self.log.info(progress(step, t.steps, rows, names, val, len(rows) / seconds))
-
-    def result(self, stopped_by: int | None) -> LoopResult:
-        timed = ((self.step - self.first_step, time.perf_counter() - self.timed_from)
-                 if self.timed_from else (0, 0.0))
-        return LoopResult(self.step, self.losses, self.error_rates, self.val, self.diverged_step,
-                          stopped_by, timed, self.spike_skipped)
-
-
-class HistogramBatches:
-    """`next()`: the next batch of a run's histogram stream (its training stream read again),
-    each read as one element of a dataset, not through an iterator kept for the run: deleting a
-    stream's iterator (tf.numpy_function batches) took 0.4-1.5 s at a run's end."""
-
-    def __init__(self, batches):
-        self.batches, self.taken = batches, 0
-
-    def __next__(self):
-        self.taken += 1
-        return self.batches.skip(self.taken - 1).take(1).get_single_element()
-
-
-def loop(run: Run) -> LoopResult:
-    """Train from `run.step` to `trainer.steps` in calls of up to `trainer.log_every` steps,
-    each followed by the Tracker's bookkeeping. Stops at a divergence (on_divergence=stop) or
-    at SIGINT/SIGTERM, after the call under way."""
-    from gradexp._tf import tf
-    from gradexp.checkpoints import stop_requests
-
-    t, compiled, strategy = run.cfg.trainer, run.compiled, run.strategy
-    iterator = iter(strategy.experimental_distribute_dataset(run.train_batches))
-    histogram_batches = HistogramBatches(run.histogram_batches)
-    compiled.evaluate.get_concrete_function(*run.validation)  # trace now: steps/s = steady
-    if t.histogram_every:
-        compiled.gradients(*next(iter(run.train_batches)))  # the first call also optimizes
-    tracker = Tracker(t, compiled.names, compiled.val_names, run.runlog, run.step,
-                      evaluate=lambda: compiled.evaluate(*run.validation),
-                      gradients=lambda: compiled.gradients(*next(histogram_batches)),
-                      save=run.state.save)
-    with stop_requests() as stop:
-        while tracker.going() and stop.signal is None:
-            n = steps_to_next_event(tracker.step, t)
-            tick = time.perf_counter()
-            rows = compiled.train_steps(iterator, tf.constant(n)).numpy()
-            tracker.record(rows, time.perf_counter() - tick)
-    return tracker.result(stop.signal)
-
-
-def run_summary(r: LoopResult, cfg: DictConfig, overrides, where: str, wall: float) -> dict:
-    """summary.json of a run that ended (completed, diverged or interrupted). Its final loss is
-    the summary's definition: the last 10% of the steps before the divergence, if any."""
-    measured = r.losses if r.diverged_step is None else r.losses[:r.diverged_step - 1]
-    status = (rundir.INTERRUPTED if r.stopped_by is not None else
-              rundir.DIVERGED if r.diverged_step is not None else rundir.COMPLETED)
-    summary = {"status": status, "diverged": r.diverged_step is not None,
-               "diverged_step": r.diverged_step, "steps": r.step,
-               "final_loss": final_loss(measured) if measured else None,
-               "val_loss": r.val["loss/val"] if r.val else None,
-               "val_accuracy": r.val["accuracy/val"] if r.val else None,
-               "wall_time_s": wall,
-               "steps_per_s": r.timed[0] / r.timed[1] if r.timed[0] else None,
-               "device": where, "config": OmegaConf.to_container(cfg),
-               "overrides": list(overrides)}
-    if r.error_rates is not None:  # Pascanu et al.'s criterion: see gradexp.measures
-        below = cfg.dataset.success_below
-        summary["success"] = succeeded(r.error_rates, below, r.diverged_step is not None)
-        found = success_step(np.arange(1, len(r.error_rates) + 1), r.error_rates, below)
-        summary["success_step"] = None if np.isnan(found) else int(found)
-    if r.spike_skipped is not None:
-        summary["spike_skipped_steps"] = r.spike_skipped
-    if r.stopped_by is not None:
-        summary["stopped_by"] = signal.Signals(r.stopped_by).name
-    return summary
-
-
-def final_line(s: dict, run_dir: Path) -> str:
-    """The run's last log line: how it ended, final loss, val accuracy (or loss), time."""
-    accuracy, val_loss = s["val_accuracy"], s["val_loss"]
-    ended = (f"diverged at step {s['diverged_step']}" if s["status"] == rundir.DIVERGED
-             else s["status"])
-    loss = "n/a" if s["final_loss"] is None else f"{s['final_loss']:.4f}"
-    val = (f"val accuracy {accuracy:.4f}" if accuracy is not None and np.isfinite(accuracy)
-           else "val loss n/a" if val_loss is None else f"val loss {val_loss:.4f}")
-    took = f"{s['steps']} steps in {s['wall_time_s']:.1f} s"
-    return f"{ended}: final loss {loss}, {val}, {took} -> {run_dir}"
-
-
-def steps_to_next_event(step: int, t: DictConfig) -> int:
-    """Steps until the next log, evaluation, histogram, checkpoint or the end (one call)."""
-    every = [t.log_every, t.eval_every, t.histogram_every, t.checkpoint_every]
-    return min([e - step % e for e in every if e] + [t.steps - step])
-
-
-def first_diverged_step(steps, rows, names, first_loss, factor) -> int | None:
-    """measures.divergence_step of these rows (the run's own rule and the summary's)."""
-    column = {name: rows[:, i] for i, name in enumerate(names)}
-    step = divergence_step(steps, column["loss/train"], column["grad_norm/global"],
-                           column.get("skipped", np.zeros(len(rows))), factor, first_loss)
-    return None if np.isnan(step) else int(step)
-
-
-def progress(step, steps, rows, names, val, rate) -> str:
-    """One line: step, mean loss of the last steps, validation accuracy (regression: loss) and
-    error rate, clip fraction, speed."""
-    parts = [f"step {step:>{len(str(steps))}}/{steps}",
-             f"loss {np.mean(rows[:, names.index('loss/train')]):.4f}"]
-    if val and np.isfinite(val["accuracy/val"]):
-        parts.append(f"val_acc {val['accuracy/val']:.3f}")
-    elif val:
-        parts.append(f"val_loss {val['loss/val']:.4f}")
-    if val and "error_rate/val" in val:
-        parts.append(f"val_errors {100 * val['error_rate/val']:.1f}%")
-    fractions = [i for i, n in enumerate(names) if n.startswith("clip_fraction/")]
-    if fractions:
-        parts.append(f"clipped {100 * np.mean(rows[:, fractions]):.1f}%")
-    parts.append(f"{rate:.0f} steps/s")
-    return "  ".join(parts)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ the sweep, before anything in the launcher's process imports TensorFlow: each im
 gradexp.config.compose_once) and the launcher sets the runs up, so the first batch starts when
 the later of the two is done, not after both. With `hydra.launcher.workers=N`, N batches train
 at once, one per worker. What a worker runs on a batch is named by the launcher
-("gradexp.batched.train") and imported in the worker: this module imports no trainer.
+("gradexp.train.train_batch") and imported in the worker: this module imports no trainer.
 
     start(n)                     fork n workers (once per process; none when TensorFlow is
                                  imported here already, e.g. in a test: a process that has run
@@ -13,7 +13,7 @@ at once, one per worker. What a worker runs on a batch is named by the launcher
                                  starts, when the command line names the launcher
     train(task, batches, job_logging)
                                  for each batch (a list of gradexp.grouping.Job), the summaries
-                                 the function named `task` returns (gradexp.batched.train) or
+                                 the function named `task` returns (gradexp.train.train_batch) or
                                  the exception that stopped it (None: not started, the sweep
                                  was asked to stop)
     Prestart                     the Hydra callback (first in conf/config.yaml) that calls start
@@ -100,7 +100,7 @@ def start(n: int = 1) -> None:
 
 def train(task: str, batches: list[list], job_logging: dict | None = None) -> list:
     """Each batch's summaries, what the function named `task` returns for it (the launcher's:
-    "gradexp.batched.train", imported where it runs, not in the launcher's process, which
+    "gradexp.train.train_batch", imported where it runs, not in the launcher's process, which
     imports no TensorFlow), or the exception that ended it: WorkerDied (its runs are to be
     trained again), KeyboardInterrupt (asked twice to stop) or RuntimeError (the batch failed);
     None for a batch not started because the sweep was asked to stop."""
@@ -215,7 +215,7 @@ def _die_with_parent() -> None:
 
 def _console_logging(job_logging: dict | None) -> None:
     """Hydra's job_logging without its file handlers: the worker's lines on the console, as a
-    job's (each run's log file is written by gradexp.batched.run_logger)."""
+    job's (each run's log file is written by gradexp.train.run_logger)."""
     import logging.config
 
     if not job_logging:

@@ -76,3 +76,39 @@ def gradexp(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, text=True,
                           capture_output=True, timeout=timeout)
+
+
+def started(cfg, run_dir: Path, n: int):
+    """A run of `cfg` set up in `run_dir` (gradexp.train.start) and its engine (K = 1,
+    gradexp/engine.py), whose calls train up to n steps."""
+    from omegaconf import OmegaConf
+
+    from gradexp import grouping
+    from gradexp.engine import Engine
+    from gradexp.train import start
+
+    cfg = cfg.copy()
+    OmegaConf.update(cfg, "trainer.log_every", n)
+    run = start(grouping.Job(cfg, Path(run_dir), []))
+    return run, Engine(run, 1)
+
+
+def first_call(run, engine, n: int):
+    """The run's first n steps in one compiled call, as the trainer calls it: the n rows as a
+    {name: column} dict, and the last step's gradients (it measures the telemetry too)."""
+    import numpy as np
+
+    from gradexp._tf import tf
+
+    rows, done, grads = engine.train_steps(tf.constant(0, tf.int64), tf.constant(n),
+                                           tf.constant([True]))
+    assert int(done[0]) == n
+    rows = rows.numpy()[:n, 0]
+    return ({name: rows[:, i] for i, name in enumerate(run.step.names)},
+            [np.asarray(g) for g in grads])
+
+
+def first_steps(cfg, run_dir: Path, n: int):
+    """(run, rows, gradients) of a run's first n steps: `started`, then `first_call`."""
+    run, engine = started(cfg, run_dir, n)
+    return (run, *first_call(run, engine, n))

@@ -39,10 +39,11 @@ def test_the_sweep_bench_reads_run_logs_counts_overlap_once_and_takes_the_faster
     one and two workers (medians of rounds)."""
     import time
 
-    from gradexp import batched, bench_sweeps, grouping
+    from gradexp import bench_sweeps, grouping
+    from gradexp.train import run_logger
 
     job = grouping.Job(None, tmp_path, [])
-    logger = batched.run_logger(job)
+    logger = run_logger(job)
     logger.info("training mlp on synthetic (20 steps)")
     first = time.time()
     for line in ("step   10/20  loss 0.5", "step   20/20  loss 0.4"):

@@ -38,8 +38,28 @@ STATELESS = ("none", "value", "norm", "global_norm", "agc")
 STATS = {"norm_before", "norm_after", "threshold", "clipped"}
 
 
+class Stateful:
+    """A method with its state held in variables between calls, as a run holds it (the carry of
+    gradexp/checkpoints.py): `clipper(grads, params)` -> (grads, stats); `state_variables`."""
+
+    def __init__(self, method, params):
+        self.method, self.initial = method, method.init(params)
+        self.state_variables = [tf.Variable(v, trainable=False) for v in self.initial]
+
+    def __call__(self, grads, params):
+        state = type(self.initial)(*(tf.convert_to_tensor(v) for v in self.state_variables))
+        out, state, stats = self.method.update(grads, state, params)
+        for v, value in zip(self.state_variables, state, strict=True):
+            v.assign(value)
+        return out, stats
+
+
+def stateful(cfg, params, output_params=None):
+    return Stateful(make_clipper(cfg, params, output_params=output_params), params)
+
+
 def clipper_for(method, settings, params):
-    return make_clipper(OmegaConf.create({"name": method, **settings}), params)
+    return stateful(OmegaConf.create({"name": method, **settings}), params)
 
 
 def variables(arrays):
@@ -175,7 +195,7 @@ def test_agc_matches_nfnets_step_by_step():
     steps = range(len(NORMS))
     grads = [gradients_at(t, AGC_SHAPES) for t in steps]
     params = variables(agc_params_at(0))
-    clipper = make_clipper(OmegaConf.create({"name": "agc", "factor": factor, "eps": eps,
+    clipper = stateful(OmegaConf.create({"name": "agc", "factor": factor, "eps": eps,
                                              "exclude_output": True}),
                            params, output_params=AGC_SKIP)
     step = tf.function(lambda g: clipper(g, params))
@@ -721,12 +741,12 @@ def test_agc_output_params_as_variables_paths_or_booleans():
     grads = [tf.fill([3, 2], 100.0), tf.fill([2], 100.0)]
     agc = OmegaConf.create({"name": "agc", **ACTIVE["agc"], "exclude_output": True})
     for output in ([params[1]], [params[1].name], [False, True]):
-        out, _ = make_clipper(agc, params, output_params=output)(grads, params)
+        out, _ = stateful(agc, params, output_params=output)(grads, params)
         assert np.all(out[0].numpy() < 100.0) and np.all(out[1].numpy() == 100.0)
     with pytest.raises(ValueError, match="output_params"):
-        make_clipper(agc, params)  # excluding the output layer needs to know which it is
+        stateful(agc, params)  # excluding the output layer needs to know which it is
     with pytest.raises(ValueError, match="nosuch"):
-        make_clipper(agc, params, output_params=["nosuch/kernel"])
+        stateful(agc, params, output_params=["nosuch/kernel"])
 
 
 @pytest.mark.parametrize("method", ["adagc", "autoclip", "zclip"])
@@ -766,7 +786,7 @@ def test_every_method_composes_validates_and_builds(make_cfg, method):
     config.validate(cfg)
     assert cfg.clipping.name == method
     params = params_for_steps()
-    clipper = make_clipper(cfg.clipping, params, output_params=[False, True])
+    clipper = stateful(cfg.clipping, params, output_params=[False, True])
     out, stats = clipper([tf.constant(g) for g in gradients_at(0)], params)
     assert set(stats) == STATS and len(out) == len(params)
 
@@ -860,9 +880,9 @@ def test_autoclip_history_evicts_the_oldest_norm_when_it_first_fills_and_on_a_ti
     history = NormHistory.create(3)
     assert float(percentile(history, 50.0)) == np.inf  # empty: inf (clips nothing), not NaN
     for norm in (1.0, 5.0, 3.0, 2.0):
-        record(history, tf.constant(norm), tf.constant(True))
+        history = record(history, tf.constant(norm), tf.constant(True))
     assert history.ascending.numpy().tolist() == [2.0, 3.0, 5.0]
-    record(history, tf.constant(5.0), tf.constant(True))  # evicts 5 (the oldest), inserts 5
+    history = record(history, tf.constant(5.0), tf.constant(True))  # evicts the oldest 5
     assert history.ascending.numpy().tolist() == [2.0, 3.0, 5.0]
     assert float(percentile(history, 0.0)) == 2.0 and float(percentile(history, 100.0)) == 5.0
 
@@ -895,10 +915,10 @@ def test_zclip_called_with_its_defaults_clips_a_spike_by_hand():
 
     state = ZClipState.create(2)
     for g in (1.0, 3.0):
-        out, stats = zclip([tf.constant([g])], state, 0.9, 2.5)
+        out, state, stats = zclip([tf.constant([g])], state, 0.9, 2.5)
         assert out[0].numpy().tolist() == [g] and float(stats["clipped"]) == 0.0
     assert float(state.mean.numpy()) == 2.0 and float(state.var.numpy()) == 1.0
-    out, stats = zclip([tf.constant([10.0])], state, 0.9, 2.5)
+    out, state, stats = zclip([tf.constant([10.0])], state, 0.9, 2.5)
     z = 8.0 / (1.0 + 1e-6)
     assert float(out[0][0]) == pytest.approx(2.0 + 2.5 / (z / 2.5), rel=1e-6)
     assert float(stats["threshold"]) == pytest.approx(2.0 + 2.5 * (1.0 + 1e-6), rel=1e-6)
@@ -915,18 +935,18 @@ def test_zclip_at_its_boundaries_by_hand():
     def warmed(norms, z_threshold, **options):
         state = ZClipState.create(len(norms))
         for g in norms:
-            zclip([tf.constant([g])], state, 0.9, z_threshold, **options)
+            _, state, _ = zclip([tf.constant([g])], state, 0.9, z_threshold, **options)
         return state
 
     g = np.float32(4.5000024)
     assert (g - np.float32(2)) / (np.float32(1) + np.float32(1e-6)) == np.float32(2.5)
-    out, stats = zclip([tf.constant([g])], warmed([1.0, 3.0], 2.5), 0.9, 2.5)
+    out, _, stats = zclip([tf.constant([g])], warmed([1.0, 3.0], 2.5), 0.9, 2.5)
     assert out[0].numpy().tolist() == [g] and float(stats["clipped"]) == 0.0
-    out, stats = zclip([tf.constant([4.0])], warmed([1.0, 3.0], 2.0, mode="percentile"), 0.9,
-                       2.0, mode="percentile")
+    out, _, stats = zclip([tf.constant([4.0])], warmed([1.0, 3.0], 2.0, mode="percentile"),
+                          0.9, 2.0, mode="percentile")
     assert out[0].numpy().tolist() == [4.0] and float(stats["clipped"]) == 0.0
     assert float(stats["threshold"]) == 4.0
-    out, stats = zclip([tf.constant([3.0])], warmed([2.0, 2.0], 2.5), 0.9, 2.5)
+    out, _, stats = zclip([tf.constant([3.0])], warmed([2.0, 2.0], 2.5), 0.9, 2.5)
     assert float(out[0][0]) == pytest.approx(2.0, rel=1e-6) and float(stats["clipped"]) == 1.0
     assert float(stats["threshold"]) == pytest.approx(2.0 + 2.5e-6, abs=3e-7)
 
@@ -938,30 +958,38 @@ def test_zclip_cap_at_exactly_the_norm_and_a_non_finite_warmup_step():
     from gradexp.clipping.zclip import ZClipState, zclip
 
     state = ZClipState.create(3)
-    out, stats = zclip([tf.constant([3.0, 4.0])], state, 0.9, 2.5, max_grad_norm=5.0)
+    out, state, stats = zclip([tf.constant([3.0, 4.0])], state, 0.9, 2.5, max_grad_norm=5.0)
     assert out[0].numpy().tolist() == [3.0, 4.0] and float(stats["clipped"]) == 0.0
-    out, stats = zclip([tf.constant([6.0, 8.0])], state, 0.9, 2.5, max_grad_norm=5.0)
+    out, state, stats = zclip([tf.constant([6.0, 8.0])], state, 0.9, 2.5, max_grad_norm=5.0)
     assert out[0].numpy().tolist() == [3.0, 4.0] and float(stats["clipped"]) == 1.0
-    before = [v.numpy().tolist() for v in state.variables]
+    before = [v.numpy().tolist() for v in state]
     assert before == [[5.0, 10.0, 0.0], 2, 0.0, 0.0]
-    out, _ = zclip([tf.constant([np.inf, 1.0])], state, 0.9, 2.5, max_grad_norm=5.0)
+    out, state, _ = zclip([tf.constant([np.inf, 1.0])], state, 0.9, 2.5, max_grad_norm=5.0)
     assert out[0].numpy().tolist() == [np.inf, 1.0]
-    assert [v.numpy().tolist() for v in state.variables] == before
+    assert [v.numpy().tolist() for v in state] == before
 
 
-def test_clipping_state_is_named_for_checkpoints_and_kept_from_the_first_replica():
-    """A method's state variables are a checkpoint's keys (a resumed run finds them by these
-    names), and under a distribution strategy the first replica's write is kept."""
-    from gradexp.clipping.autoclip import NormHistory
-    from gradexp.clipping.zclip import ZClipState
+@pytest.mark.parametrize(("overrides", "names"), [
+    (["clipping=autoclip", "clipping.history=4"],
+     ["autoclip/arrivals", "autoclip/ascending", "autoclip/count"]),
+    (["clipping=zclip", "clipping.warmup_steps=3", "trainer.on_spike=skip"],
+     ["zclip/warmup_norms", "zclip/seen", "zclip/mean", "zclip/var",
+      "spikes/seen", "spikes/mean", "spikes/var"])])
+def test_clipping_state_is_named_for_checkpoints_and_kept_from_the_first_replica(
+        make_cfg, tmp_path, overrides, names):
+    """A run's carry (the method's state, then the spike detector's) is held in variables named
+    by the state's fields, a checkpoint's keys (a resumed run finds them by these names); under
+    a distribution strategy the first replica's write is kept."""
+    from gradexp import data
+    from gradexp.checkpoints import RunState
+    from gradexp.step import make_step
 
-    states = {"autoclip": NormHistory.create(4), "zclip": ZClipState.create(3)}
-    names = {k: [v.name.split(":")[0] for v in s.variables] for k, s in states.items()}
-    assert names == {"autoclip": ["autoclip/arrivals", "autoclip/ascending", "autoclip/count"],
-                     "zclip": ["zclip/warmup_norms", "zclip/seen", "zclip/mean", "zclip/var"]}
-    for state in states.values():
-        assert all(v.aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA and not v.trainable
-                   for v in state.variables)
+    cfg = make_cfg("model.width=8", *overrides)
+    state = RunState(tmp_path, make_step(cfg, data.load(cfg.dataset)),
+                     tf.distribute.get_strategy())
+    assert [v.name.split(":")[0] for v in state.carry] == names
+    assert all(v.aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA and not v.trainable
+               for v in state.carry)
 
 
 def test_the_output_layer_is_told_by_its_variables_paths_not_their_names():

@@ -295,7 +295,7 @@ def test_a_mixed_float16_layer_clips_to_its_float32_bounds():
 
 
 def test_the_layer_clips_to_its_bounds_weight_without_a_retrace():
-    """The bounds are data (gradexp/batched.py assigns each run's): after assigning [−0.5, 0.2]
+    """The bounds are data (gradexp/engine.py loads each run's): after assigning [−0.5, 0.2]
     to `clip_bounds` the same compiled function clips dy = [0.3, −0.8, 0.1] to [0.2, −0.5, 0.1]
     where ±0.1 gave [0.1, −0.1, 0.1], and ±inf leaves it as it is; one trace for all three."""
     layer = ClipGradient(-0.1, 0.1)

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gradexp import config, models
+from gradexp import config, models, telemetry
 from gradexp._tf import tf
 from gradexp.layers import STATS, clip_gradient
 from gradexp.step import metric_names
@@ -50,8 +50,8 @@ def assert_trained(summary, table, dataset, positions):
     layers = list(dict.fromkeys(c.split("/")[1] for c in table.columns
                                 if c.startswith("update_norm/")))
     assert layers[-1] == "head" and len(layers) >= 2
-    assert list(table.columns) == ["step", *metric_names(positions, weight_layers=layers),
-                                   "loss/val", "accuracy/val"]
+    assert list(table.columns) == ["step", *metric_names(positions),
+                                   *telemetry.metric_names(layers), "loss/val", "accuracy/val"]
     assert len(table) == 4 and np.isfinite(table["loss/train"]).all()
     assert np.isfinite(table["loss/val"].iloc[-1])
     if dataset in REGRESSION:  # squared error; no accuracy

@@ -89,7 +89,7 @@ def test_after_a_resume_divergence_is_measured_against_step_1s_loss(make_cfg, tm
 
 def test_on_divergence_continue_skips_non_finite_updates(make_cfg, tmp_path):
     cfg = make_cfg(*QUICK, "trainer.steps=60", "optimizer.learning_rate=5",
-                   "trainer.on_divergence=continue")
+                   "trainer.on_divergence=continue", "trainer.log_every=1")  # telemetry: each step
     summary = train(cfg, tmp_path)
     assert summary["status"] == "diverged" and summary["steps"] == 60
     table = read_metrics(tmp_path / "metrics.csv")

@@ -385,3 +385,43 @@ def training(cwd: Path) -> list[Path]:
     """The sweep's runs that have written a row: in their loop, where a stop request is heard."""
     return [table for table in cwd.glob("outputs/multirun/*/*/*/metrics.csv")
             if len(table.read_text().splitlines()) > 1]
+
+
+RECORDER = '''
+import json
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+
+class Record(Callback):
+    """A user's callback: at each job's end, its return and its run directory as they are."""
+
+    def on_job_end(self, config, job_return, **kwargs):
+        on_disk = json.loads((Path(config.hydra.runtime.output_dir) / "summary.json").read_text())
+        value = job_return.return_value
+        with open(Path(config.hydra.runtime.cwd) / "ended.jsonl", "a") as f:
+            f.write(json.dumps({"job": config.hydra.job.num, "status": value["status"],
+                                "final_loss": value.get("final_loss"),
+                                "on_disk": on_disk["status"]}) + "\\n")
+'''
+
+
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+                                      ["hydra/launcher=gradexp"]],
+                         ids=["basic", "joblib", "gradexp"])
+def test_a_users_callback_sees_each_finished_run_at_its_jobs_end(tmp_path, launcher):
+    """Hydra's job contract under every launcher: a callback of the user's own, given with
+    hydra.callbacks, is called at each job's end with the run's summary as the job's return,
+    once the run has finished (summary.json says so too)."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "my_callbacks.py").write_text(RECORDER)
+    sweep_dir, result = sweep(tmp_path, *launcher, *SWEEP,
+                              "+hydra.callbacks.mine._target_=my_callbacks.Record")
+    assert result.returncode == 0, result.stderr
+    ended = [json.loads(line) for line in (tmp_path / "ended.jsonl").read_text().splitlines()]
+    assert sorted(e["job"] for e in ended) == [0, 1, 2, 3]
+    summaries = runs(sweep_dir)
+    for e in ended:
+        assert e["status"] == e["on_disk"] == "completed"
+        assert e["final_loss"] == summaries[str(e["job"])]["final_loss"] is not None

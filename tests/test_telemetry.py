@@ -22,15 +22,15 @@ def by_layer(variables, tensors) -> dict[str, float]:
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("xla", [True, False])
-def test_each_per_layer_norm_equals_one_computed_by_hand(make_cfg, optimizer, xla):
-    from gradexp import data, devices
+def test_each_per_layer_norm_equals_one_computed_by_hand(make_cfg, tmp_path, optimizer, xla):
+    from conftest import first_call, started
+    from gradexp import data
     from gradexp._tf import tf
-    from gradexp.step import compile_step, task_loss
+    from gradexp.step import task_loss
 
     cfg = make_cfg(*STEP, f"optimizer={optimizer}", f"trainer.jit_compile={str(xla).lower()}")
-    devices.prepare_process("cpu", "float32", 0, False)
-    arrays = data.load(cfg.dataset)
-    compiled = compile_step(cfg, arrays, tf.distribute.get_strategy())
+    run, engine = started(cfg, tmp_path, 1)
+    compiled, arrays = run.step, run.arrays
     params = compiled.model.trainable_variables
     train_batches, _ = data.pipelines(arrays, 32, cfg.seed)
     x, y = next(iter(train_batches))  # the batch of step 1: the order is a function of the seed
@@ -38,14 +38,11 @@ def test_each_per_layer_norm_equals_one_computed_by_hand(make_cfg, optimizer, xl
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(task_loss(arrays.num_classes)(y, compiled.model(x, training=True)))
     grads = [g.numpy() for g in tape.gradient(loss, params)]
-    # the histograms' gradients (summed loss: trainer.loss_reduction=sum), by variable path
-    histogram = compiled.gradients(x, y)
-    assert list(histogram) == [f"gradients/{v.path}" for v in params]
-    for g, h in zip(grads, histogram.values(), strict=True):
+    rows, step_grads = first_call(run, engine, 1)
+    # the histograms' gradients: the step's own (summed loss: trainer.loss_reduction=sum)
+    for g, h in zip(grads, step_grads, strict=True):
         np.testing.assert_allclose(h, g, rtol=1e-5, atol=1e-7)
-
-    row = compiled.train_steps(iter(train_batches), tf.constant(1)).numpy()[0]
-    measured = dict(zip(compiled.names, row, strict=True))
+    measured = {name: column[0] for name, column in rows.items()}
     after = [v.numpy() for v in params]
 
     layers = telemetry.layer_names(params)
@@ -74,22 +71,16 @@ def test_each_per_layer_norm_equals_one_computed_by_hand(make_cfg, optimizer, xl
                 sum(np.sum(np.square(s / (s + eps))) for s in steps))
             assert dw[layer] == pytest.approx(by_hand, rel=1e-3)
 
-def test_agc_in_the_step_leaves_the_output_layer_unclipped(make_cfg):
+def test_agc_in_the_step_leaves_the_output_layer_unclipped(make_cfg, tmp_path):
     """clipping=agc, exclude_output=true, a tight factor: the step hands the clipper the output
     layer's parameters, which pass unclipped (head's ‖g‖ after = before) while every hidden
     layer's gradient shrinks."""
-    from gradexp import data, devices
-    from gradexp._tf import tf
-    from gradexp.step import compile_step
+    from conftest import first_steps
 
-    devices.prepare_process("cpu", "float32", 0, False)
     cfg = make_cfg("model.width=8", "clipping=agc", "clipping.factor=0.001",
                    "clipping.exclude_output=true", "trainer.jit_compile=false")
-    arrays = data.load(cfg.dataset)
-    compiled = compile_step(cfg, arrays, tf.distribute.get_strategy())
-    train_batches, _ = data.pipelines(arrays, 32, cfg.seed)
-    row = compiled.train_steps(iter(train_batches), tf.constant(1)).numpy()[0]
-    measured = dict(zip(compiled.names, row, strict=True))
+    _, rows, _ = first_steps(cfg, tmp_path, 1)
+    measured = {name: column[0] for name, column in rows.items()}
     assert measured["param_grad_norm/head/post"] == measured["param_grad_norm/head"] > 0
     for layer in ("dense_1", "dense_2", "dense_3"):
         assert measured[f"param_grad_norm/{layer}/post"] < measured[f"param_grad_norm/{layer}"]
@@ -97,13 +88,12 @@ def test_agc_in_the_step_leaves_the_output_layer_unclipped(make_cfg):
 
 
 def test_the_switch_turns_the_telemetry_off_and_names_its_columns(make_cfg):
-    from gradexp import data, devices
-    from gradexp._tf import tf
-    from gradexp.step import compile_step, metric_names
+    from gradexp import data
+    from gradexp.step import make_step, metric_names
 
-    devices.prepare_process("cpu", "float32", 0, False)
     cfg = make_cfg("model.width=8", "trainer.layer_norms=false")
-    compiled = compile_step(cfg, data.load(cfg.dataset), tf.distribute.get_strategy())
+    compiled = make_step(cfg, data.load(cfg.dataset))
+    assert compiled.telemetry == ()
     assert not any(n.startswith(("param_grad_norm/", "update_norm/")) for n in compiled.names)
     # the defaults (no loss scaling, no spike skip, no telemetry): a float32 run without either
     one_layer = ["loss/train", "grad_norm/global", "grad_norm/global/post", "param_clip/threshold",
@@ -149,46 +139,35 @@ def test_the_spike_detector_follows_its_rule_step_by_step():
     norm[[45]] *= 6
     loss[50] = np.inf
     detector = SpikeDetector(z=4.0, warmup=10, alpha=0.9)
-
-    @tf.function
-    def step(loss, norm):
-        skip = detector.is_spike(loss, norm)
-        detector.record(loss, norm, skip)
-        return skip
-
-    skipped = np.array([bool(step(tf.constant(a, tf.float32), tf.constant(b, tf.float32)))
-                        for a, b in zip(loss, norm, strict=True)])
+    step = tf.function(detector.update)
+    state, skipped = detector.init(), []
+    for a, b in zip(loss, norm, strict=True):
+        skip, state = step(state, tf.constant(a, tf.float32), tf.constant(b, tf.float32))
+        skipped.append(bool(skip))
     expected, mean, var = spike_reference(np.stack([loss, norm], 1).astype(np.float32), 4.0,
                                           10, 0.9)
     np.testing.assert_array_equal(skipped, expected)
     assert list(np.flatnonzero(skipped)) == [30, 31, 45, 50]  # not the warm-up's, step 5
-    np.testing.assert_allclose(detector.mean.numpy(), mean, rtol=1e-5)
-    np.testing.assert_allclose(detector.var.numpy(), var, rtol=1e-4)
-    assert int(detector.seen.numpy()) == 60 - 4
+    np.testing.assert_allclose(state.mean.numpy(), mean, rtol=1e-5)
+    np.testing.assert_allclose(state.var.numpy(), var, rtol=1e-4)
+    assert int(state.seen.numpy()) == 60 - 4
 
 
-def test_the_step_feeds_its_spike_detector_the_loss_and_norm_it_logs(make_cfg):
+def test_the_step_feeds_its_spike_detector_the_loss_and_norm_it_logs(make_cfg, tmp_path):
     """on_spike=skip in a compiled step, 60 steps: the rows marked spike_skipped, and the
     detector's statistics after them, are the rule's (spike_reference) on the step's own
     (loss/train, grad_norm/global) rows: the detector sees what the table shows."""
-    from gradexp import data, devices
-    from gradexp._tf import tf
-    from gradexp.step import compile_step
+    from conftest import first_steps
 
-    devices.prepare_process("cpu", "float32", 0, False)
     cfg = make_cfg("model.width=8", "dataset=digits", "trainer.on_spike=skip",
                    "trainer.spike_z=1", "trainer.spike_warmup=10", "trainer.jit_compile=false",
                    "trainer.layer_norms=false")
-    arrays = data.load(cfg.dataset)
-    compiled = compile_step(cfg, arrays, tf.distribute.get_strategy())
-    train_batches, _ = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed)
-    rows = compiled.train_steps(iter(train_batches), tf.constant(60)).numpy()
-    column = {name: rows[:, i] for i, name in enumerate(compiled.names)}
+    run, column, _ = first_steps(cfg, tmp_path, 60)
     series = np.stack([column["loss/train"], column["grad_norm/global"]], 1)
     expected, mean, var = spike_reference(series, 1.0, 10, cfg.trainer.spike_alpha)
     np.testing.assert_array_equal(column["spike_skipped"] == 1, expected)
     assert 0 < expected.sum() < 50
-    seen, detector_mean, detector_var = (v.numpy() for v in compiled.state_variables)
+    seen, detector_mean, detector_var = (v.numpy() for v in run.carry)
     assert seen == 60 - expected.sum()
     np.testing.assert_allclose(detector_mean, mean, rtol=1e-5)
     np.testing.assert_allclose(detector_var, var, rtol=1e-4)
@@ -196,13 +175,14 @@ def test_the_step_feeds_its_spike_detector_the_loss_and_norm_it_logs(make_cfg):
 
 def test_a_skipped_step_leaves_the_weights_alone_and_is_counted(make_cfg, tmp_path):
     """on_spike=skip with a low bar (z > 1: a noisy loss crosses it often): the rows marked
-    spike_skipped have update_norm 0 in every layer, the others not; summary.json counts them."""
+    spike_skipped have update_norm 0 in every layer, the others not; summary.json counts them.
+    (A call of one step each: every step's row measures the per-layer norms.)"""
     import pandas as pd
 
     from gradexp.train import train
 
     cfg = make_cfg("model.width=16", "dataset=digits",
-                   "trainer.steps=100", "trainer.log_every=50", "trainer.eval_every=100",
+                   "trainer.steps=100", "trainer.log_every=1", "trainer.eval_every=100",
                    "trainer.histogram_every=0", "trainer.on_spike=skip", "trainer.spike_z=1",
                    "trainer.spike_warmup=10", "trainer.on_divergence=continue")
     summary = train(cfg, tmp_path)

@@ -178,7 +178,7 @@ def test_the_error_rate_counts_sequences_whose_squared_error_exceeds_the_thresho
     its step reach summary.json."""
     from gradexp import data
     from gradexp._tf import tf
-    from gradexp.step import compile_step
+    from gradexp.step import make_step
 
     overrides = ["model=rnn", "model.units=8", "dataset=adding", "dataset.length=10",
                  "dataset.variant=pascanu2013", "dataset.stream=true", "dataset.num_examples=300",
@@ -192,83 +192,83 @@ def test_the_error_rate_counts_sequences_whose_squared_error_exceeds_the_thresho
     assert summary["success"] is False and summary["success_step"] is None  # 40 steps: no
     # the same count from the model's predictions
     arrays = data.load(cfg.dataset)
-    compiled = compile_step(cfg, arrays, tf.distribute.get_strategy())
+    compiled = make_step(cfg, arrays)
     val = data.validation_set(arrays)
     predicted = compiled.model.predict(arrays.x_val, verbose=0)[:, 0]
     expected = np.mean((predicted - arrays.y_val) ** 2 > 0.04)
-    assert float(compiled.evaluate(*val)["error_rate/val"]) == pytest.approx(expected, abs=1e-6)
+    values = [tf.convert_to_tensor(v) for v in compiled.model.variables]
+    assert float(compiled.evaluate(values, *val)["error_rate/val"]) == pytest.approx(expected,
+                                                                                   abs=1e-6)
     assert 0.0 < expected < 1.0
 
 
 def test_the_step_refuses_a_model_that_cannot_take_the_datasets_examples(make_cfg):
-    """compile_step checks the arrays' actual shape before it builds anything: an RNN given
+    """make_step checks the arrays' actual shape before it builds anything: an RNN given
     the teacher's vectors (32,) is refused with the message the config check would give."""
     from gradexp import config, data
-    from gradexp._tf import tf
-    from gradexp.step import compile_step
+    from gradexp.step import make_step
 
     cfg = make_cfg("model=rnn", "dataset=teacher", "dataset.num_examples=160")
     arrays = data.load(cfg.dataset)
     expected = ("model=rnn: needs sequence inputs (T, F) or images (H, W, C), read row by "
                 "row; dataset=teacher gives vectors (32,)")
     with pytest.raises(config.ConfigError) as refused:
-        compile_step(cfg, arrays, tf.distribute.get_strategy())
+        make_step(cfg, arrays)
     assert str(refused.value) == expected
 
 
 @pytest.mark.parametrize("jit", [True, False])
-def test_the_step_is_xla_compiled_as_trainer_jit_compile_says(make_cfg, jit):
-    """trainer.jit_compile=true (the default): the training loop calls the step as one XLA
-    program (TensorFlow marks the call _XlaMustCompile=true); false: a TensorFlow graph (the
-    mark false). The numbers of the two agree to float32 rounding: only the program tells."""
-    from gradexp import data, devices
+def test_the_step_is_xla_compiled_as_trainer_jit_compile_says(make_cfg, tmp_path, jit):
+    """trainer.jit_compile=true (the default): the engine's call runs its loop of steps as one
+    XLA program (TensorFlow marks the call _XlaMustCompile=true); false: a TensorFlow graph
+    (the mark false). The numbers of the two agree to float32 rounding: only the program
+    tells."""
+    from conftest import started
     from gradexp._tf import tf
-    from gradexp.step import compile_step
 
-    devices.prepare_process("cpu", "float32", 0, False)
     cfg = make_cfg("model.width=8", f"trainer.jit_compile={str(jit).lower()}")
-    arrays = data.load(cfg.dataset)
-    compiled = compile_step(cfg, arrays, tf.distribute.get_strategy())
-    batches, _ = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed)
-    traced = compiled.train_steps.get_concrete_function(iter(batches), tf.constant(1))
+    _, engine = started(cfg, tmp_path, 1)
+    traced = engine.train_steps.get_concrete_function(tf.constant(0, tf.int64), tf.constant(1),
+                                                      tf.constant([True]))
     graph = traced.graph.as_graph_def()
     nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
     marks = [n.attr["_XlaMustCompile"].b for n in nodes if "_XlaMustCompile" in n.attr]
     assert marks and set(marks) == {jit}
 
 
-def test_the_stateless_step_is_the_compiled_step(make_cfg):
-    """`step_body` on a keras.StatelessScope's copy of the run's state (gradexp/batched.py's
-    way: the model's variables, then the optimizer's) gives, two steps running, the rows of
-    the compiled step and leaves in the scope the state the compiled step writes into the
-    variables, which it does not touch itself."""
-    from gradexp import data, devices
-    from gradexp._tf import keras, tf
-    from gradexp.step import compile_step
+def test_the_pure_step_is_the_engines_compiled_step(make_cfg, tmp_path):
+    """`Step.train` on a run's state as values, two steps running in a plain tf.function, gives
+    the rows of the engine's compiled call and the state it writes into the run's variables,
+    which it does not touch itself."""
+    from conftest import first_call, started
+    from gradexp import data
+    from gradexp._tf import tf
+    from gradexp.engine import own_variables
+    from gradexp.step import State
 
-    devices.prepare_process("cpu", "float32", 0, False)
-    cfg = make_cfg("model.width=8", "clip=0.1", "trainer.jit_compile=false")
-    arrays = data.load(cfg.dataset)
-    compiled = compile_step(cfg, arrays, tf.distribute.get_strategy())
-    batches, _ = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed)
-    variables = [*compiled.model.variables, *compiled.optimizer.variables]
+    cfg = make_cfg("model.width=8", "clip=0.1", "clipping=zclip", "clipping.warmup_steps=1")
+    run, engine = started(cfg, tmp_path, 2)
+    variables = own_variables(run)
     start = [v.numpy().copy() for v in variables]
+    counts = (len(run.step.model.variables), len(run.step.variables))
+    batches, _ = data.pipelines(run.arrays, cfg.trainer.batch_size, cfg.seed)
 
     @tf.function
-    def stateless(values, x, y):
-        with keras.StatelessScope(list(zip(variables, values, strict=True))) as scope:
-            m = compiled.step_body(x, y, scope)
-            new = [scope.get_current_value(v) for v in variables]
-        return new, tf.stack([m[k] for k in compiled.names])
+    def pure(values, x, y, measure):
+        state, row, _ = run.step.train(State(values[:counts[0]], values[counts[0]:counts[1]],
+                                             values[counts[1]:]), x, y, measure)
+        return [*state.model, *state.optimizer, *state.carry], row
 
     values, rows, batch = [tf.constant(v) for v in start], [], iter(batches)
-    for _ in range(2):
-        values, row = stateless(values, *next(batch))
+    for measure in (False, True):
+        values, row = pure(values, *next(batch), measure)
         rows.append(row.numpy())
     for v, s in zip(variables, start, strict=True):
         np.testing.assert_array_equal(v.numpy(), s)
-    expected = compiled.train_steps(iter(batches), tf.constant(2)).numpy()
-    assert not np.allclose(start[0], variables[0].numpy())  # the compiled step trained
-    np.testing.assert_allclose(np.array(rows), expected, rtol=1e-5, atol=1e-7)
+    expected, _ = first_call(run, engine, 2)
+    assert not np.allclose(start[0], variables[0].numpy())  # the compiled call trained
+    for i, name in enumerate(run.step.names):
+        np.testing.assert_allclose(np.array(rows)[:, i], expected[name], rtol=1e-5, atol=1e-7,
+                                   err_msg=name)
     for v, value in zip(variables, values, strict=True):
         np.testing.assert_allclose(value, v.numpy(), rtol=1e-5, atol=1e-7)

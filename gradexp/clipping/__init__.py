@@ -1,14 +1,17 @@
 """Parameter-gradient clipping: what happens between `tape.gradient` and `optimizer.apply`.
 
-The trainer makes one clipper per run, outside its compiled step, and calls it inside:
+A method is two pure functions, as optax's gradient transformations are: the trainer makes it
+once per run and carries its state from step to step as a value (gradexp/step.py):
 
-    clipper = make_clipper(cfg.clipping, params, output_params=head.trainable_variables)
+    method = make_clipper(cfg.clipping, params, output_params=head.trainable_variables)
+    state = method.init(params)                 # a NamedTuple of tensors; empty if stateless
     ...
     grads = tape.gradient(loss, params)
-    grads, stats = clipper(grads, params)
+    grads, state, stats = method.update(grads, state, params)
     optimizer.apply(grads, params)
 
-Every method returns `(clipped_grads, stats)`, `stats` a dict of float32 scalars:
+Every method returns the clipped gradients, its new state and `stats`, a dict of float32
+scalars:
 
     norm_before  ‖g‖ = sqrt(Σ_tensors Σ_elements g²), the global L2 norm of the gradients in
     norm_after   the same norm of the gradients out
@@ -25,12 +28,12 @@ Activation clipping (gradexp/layers.py) is another thing: it clips dy, elementwi
 backward pass crosses a chosen position in the model, so everything upstream is computed from the
 clipped signal. Parameter clipping acts once backprop is over, on the parameters' gradients.
 
-Distribution: nothing here calls a tf.distribute API. Under a strategy, make the clipper inside
-`strategy.scope()` (its state variables are then mirrored) and call it in cross-replica context on
-the all-reduced gradients. Keras 3's own clipvalue/clipnorm/global_clipnorm act inside
-`optimizer.apply` before its all-reduce, i.e. on each replica's gradients.
+Distribution: nothing here calls a tf.distribute API. Under a strategy, call `update` on the
+all-reduced gradients (every replica then computes the same state). Keras 3's own clipvalue,
+clipnorm and global_clipnorm act inside `optimizer.apply` before its all-reduce, i.e. on each
+replica's gradients.
 
-Layout: common.py holds what every method shares (the METHODS registry, `Clipper`, the global
+Layout: common.py holds what every method shares (the METHODS registry, `Method`, the global
 norm, the stats); each other module is one family of methods, its formulas and references in its
 docstring, and registers them under their names in conf/clipping/. This package imports every
 module in it, so a new method is its module, its YAML, its schema (gradexp/config/clipping.py)
@@ -44,15 +47,14 @@ import pkgutil
 from collections.abc import Iterable
 from typing import Any
 
-from gradexp.clipping.common import METHODS, Clipper
+from gradexp.clipping.common import METHODS, Method
 
-__all__ = ["METHODS", "Clipper", "make_clipper"]
+__all__ = ["METHODS", "Method", "make_clipper"]
 
 
-def make_clipper(cfg: Any, params: list, output_params: Iterable | None = None) -> Clipper:
-    """The clipper of a `clipping` config node; its state variables are created here.
+def make_clipper(cfg: Any, params: list, output_params: Iterable | None = None) -> Method:
+    """The method of a `clipping` config node, made for `params` (the run's trainable variables).
 
-    Call it outside the compiled step (inside `strategy.scope()` under a distribution strategy).
     `output_params`: the output layer's parameters, as variables, variable paths, or one boolean
     per entry of `params`; AGC leaves them unclipped when `exclude_output` is true.
     """

@@ -34,36 +34,22 @@ of the per-tensor bounds, which the global norm after clipping never exceeds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gradexp._tf import tf
-from gradexp.clipping.common import (
-    INF,
-    Clipper,
-    clip_stats,
-    global_norm,
-    method,
-    state_variable,
-    variable_path,
-)
+from gradexp.clipping.common import INF, Method, clip_stats, global_norm, method, variable_path
 
 
-@dataclass
-class AdaGCState:
-    """γ_i per parameter tensor, in the order of the parameters the clipper was made for (+inf
+class AdaGCState(NamedTuple):
+    """γ_i per parameter tensor, in the order of the parameters the method was made for (+inf
     until its first finite step), and the number of finite steps seen."""
 
-    gamma: tf.Variable
-    steps: tf.Variable  # int64
+    gamma: tf.Tensor
+    steps: tf.Tensor  # int64
 
     @classmethod
     def create(cls, tensors: int) -> AdaGCState:
-        return cls(state_variable(tf.fill([tensors], INF), "adagc/gamma"),
-                   state_variable(tf.constant(0, tf.int64), "adagc/steps"))
-
-    @property
-    def variables(self) -> list[tf.Variable]:
-        return [self.gamma, self.steps]
+        return cls(tf.fill([tensors], INF), tf.constant(0, tf.int64))
 
 
 def tensor_norms(grads: list) -> tf.Tensor:
@@ -72,13 +58,13 @@ def tensor_norms(grads: list) -> tf.Tensor:
 
 
 def adagc(grads: list, slots: list[int], state: AdaGCState, clip_ratio: float, beta: float,
-          warmup_max_norm: float | None, warmup_steps: int) -> tuple[list, dict]:
+          warmup_max_norm: float | None, warmup_steps: int) -> tuple[list, AdaGCState, dict]:
     """AdaGC (the module docstring); `slots[k]` is the index in `state.gamma` of grads[k]'s
     tensor. threshold = λ_abs in the warm-up, λ_rel·‖γ‖ after it."""
     norm = global_norm(grads)
     finite = tf.math.is_finite(norm)
     norms = tensor_norms(grads)
-    every_gamma = state.gamma.read_value()
+    every_gamma = state.gamma
     gamma = tf.gather(every_gamma, slots)
     warming = state.steps < warmup_steps
     if warmup_max_norm is None:
@@ -98,29 +84,29 @@ def adagc(grads: list, slots: list[int], state: AdaGCState, clip_ratio: float, b
     threshold = tf.where(warming, warm_threshold, clip_ratio * tf.norm(gamma))
     updated = tf.tensor_scatter_nd_update(every_gamma, [[s] for s in slots],
                                           tf.where(warming, warm_gamma, ema_gamma))
-    state.gamma.assign(tf.where(finite, updated, every_gamma))
-    state.steps.assign_add(tf.cast(finite, tf.int64))
+    state = AdaGCState(tf.where(finite, updated, every_gamma),
+                       state.steps + tf.cast(finite, tf.int64))
     scales = tf.where(finite, scales, 1.0)  # non-finite gradients pass unchanged
     out = [g * tf.cast(scales[k], g.dtype) for k, g in enumerate(grads)]
-    return out, clip_stats(norm, out, threshold, clipped)
+    return out, state, clip_stats(norm, out, threshold, clipped)
 
 
 @method("adagc")
-def _adagc(c, params, output_params) -> Clipper:
+def _adagc(c, params, output_params) -> Method:
     paths = [variable_path(v) for v in params]
     if len(set(paths)) != len(paths):
         raise ValueError("clipping=adagc keeps one threshold per parameter: two parameters "
                          "have the same path")
     slot_of = {path: slot for slot, path in enumerate(paths)}
-    state = AdaGCState.create(len(params))
+    tensors = len(params)
     cap = None if c.warmup_max_norm is None else float(c.warmup_max_norm)
     settings = (float(c.clip_ratio), float(c.beta), cap, int(c.warmup_steps))
 
-    def clip(grads, present):
+    def update(grads, state, present):
         unknown = [variable_path(v) for v in present if variable_path(v) not in slot_of]
         if unknown:
             raise ValueError(f"clipping=adagc: {unknown[0]} is not among the parameters the "
-                             "clipper was made for")
+                             "method was made for")
         return adagc(grads, [slot_of[variable_path(v)] for v in present], state, *settings)
 
-    return Clipper(c.name, clip, state.variables)
+    return Method(c.name, lambda: AdaGCState.create(tensors), update)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from gradexp._tf import tf
 from gradexp.clipping.common import (
-    Clipper,
+    Method,
+    NoState,
     any_of,
     clip_stats,
     global_norm,
@@ -63,11 +64,16 @@ def adaptive_clip(grads: list, params: list, factor: float, eps: float,
 
 
 @method("agc")
-def _agc(c, params, output_params) -> Clipper:
+def _agc(c, params, output_params) -> Method:
     factor, eps = float(c.factor), float(c.eps)
     excluded = output_paths(params, output_params) if c.exclude_output else set()
     if c.exclude_output and not excluded:
         raise ValueError("clipping=agc with exclude_output=true: pass the output layer's "
                          "parameters as output_params")
-    return Clipper(c.name, lambda grads, params: adaptive_clip(
-        grads, params, factor, eps, [variable_path(v) in excluded for v in params]))
+
+    def update(grads, state, params):
+        out, stats = adaptive_clip(grads, params, factor, eps,
+                                   [variable_path(v) in excluded for v in params])
+        return out, state, stats
+
+    return Method(c.name, NoState, update)

@@ -1,15 +1,16 @@
-"""What every clipping method shares: the METHODS registry and its decorators, state variables,
-the global norm, rescaling, the stats every method returns, and the `Clipper` the trainer calls.
+"""What every clipping method shares: the METHODS registry and its decorators, the `Method` the
+trainer calls, the global norm, rescaling, and the stats every method returns.
 
 A method module registers itself with @method(name) on a factory (its config node, the
-parameters, the output layer's parameters) -> Clipper, or @stateless(name, *keys) on
+parameters, the output layer's parameters) -> Method, or @stateless(name, *keys) on
 f(grads, *settings) whose settings are the config's `keys`. make_clipper looks the name up.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -23,47 +24,58 @@ METHODS = Registry("clipping", "method", "gradexp/clipping/")
 method = METHODS.add
 
 
-@dataclass(eq=False)  # hashable by identity, like a function
-class Clipper:
-    """One run's parameter-gradient clipping: `grads, stats = clipper(grads, params)`.
+class NoState(NamedTuple):
+    """The state of a method that keeps none."""
 
-    `state_variables` is what a checkpoint must save (empty for the stateless methods). None
+
+@dataclass(frozen=True, eq=False)  # hashable by identity, like a function
+class Method:
+    """One run's parameter-gradient clipping as two pure functions (optax's init/update):
+
+        state = method.init(params)
+        grads, state, stats = method.update(grads, state, params)
+
+    `state` is a NamedTuple of tensors (NoState for the stateless methods): the training step
+    carries it from step to step and a checkpoint saves it, field by field, in this order. None
     gradients pass through as None; IndexedSlices are made dense.
     """
 
     name: str
-    clip: Callable[[list, list], tuple[list, dict]]
-    state_variables: list[tf.Variable] = field(default_factory=list)
+    initial: Callable[[], NamedTuple]  # the state before the first step
+    clip: Callable[[list, NamedTuple, list], tuple[list, NamedTuple, dict]]  # present grads only
 
-    def __call__(self, grads, params) -> tuple[list, dict]:
+    def init(self, params: list) -> NamedTuple:
+        return self.initial()
+
+    def update(self, grads, state: NamedTuple, params) -> tuple[list, NamedTuple, dict]:
         grads, params = list(grads), list(params)
         if len(grads) != len(params):
             raise ValueError(f"{len(grads)} gradients for {len(params)} parameters")
         present = [i for i, g in enumerate(grads) if g is not None]
-        clipped, stats = self.clip([tf.convert_to_tensor(grads[i]) for i in present],
-                                   [params[i] for i in present])
+        clipped, state, stats = self.clip([tf.convert_to_tensor(grads[i]) for i in present],
+                                          state, [params[i] for i in present])
         for i, g in zip(present, clipped, strict=True):
             grads[i] = g
-        return grads, stats
+        return grads, state, stats
 
 
 def stateless(name: str, *keys: str):
+    """Register f(grads, *settings) -> (grads, stats) under `name`, its settings the config's
+    `keys`."""
     def register(clip: Callable) -> Callable:
         @method(name)
-        def make(c, params, output_params) -> Clipper:
+        def make(c, params, output_params) -> Method:
             settings = [None if c[key] is None else float(c[key]) for key in keys]
-            return Clipper(c.name, lambda grads, params: clip(grads, *settings))
+
+            def update(grads, state, params):
+                out, stats = clip(grads, *settings)
+                return out, state, stats
+
+            return Method(c.name, NoState, update)
 
         return clip
 
     return register
-
-
-def state_variable(value, name: str) -> tf.Variable:
-    """A clipping method's state. Under a distribution strategy every replica computes the same
-    update (it clips the summed gradient), so the first replica's write is kept."""
-    return tf.Variable(value, trainable=False, name=name,
-                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
 
 def global_norm(grads: list) -> tf.Tensor:
@@ -90,7 +102,7 @@ def any_of(flags: list) -> tf.Tensor:
     return tf.reduce_any(tf.stack(flags))
 
 
-def variable_path(v) -> str:
+def variable_path(v: Any) -> str:
     """A Keras 3 variable's path (`logits/kernel`), or a tf.Variable's name."""
     return getattr(v, "path", None) or v.name
 

@@ -29,18 +29,10 @@ gives z = z_t²·σ / (z·(σ + 1e-6)) < z_t.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gradexp._tf import tf
-from gradexp.clipping.common import (
-    INF,
-    Clipper,
-    clip_stats,
-    global_norm,
-    method,
-    rescale,
-    state_variable,
-)
+from gradexp.clipping.common import INF, Method, clip_stats, global_norm, method, rescale
 
 ZCLIP_EPS = 1e-6  # the ZClip reference's eps in z = (g − μ) / (σ + eps)
 ZSCORE, PERCENTILE = "zscore", "percentile"  # modes
@@ -52,32 +44,23 @@ OPTION_DEFAULTS = {"mode": ZSCORE, "clip_option": ADAPTIVE_SCALING, "clip_factor
                    "max_grad_norm": None}
 
 
-@dataclass
-class ZClipState:
+class ZClipState(NamedTuple):
     """ZClip's statistics: warm-up norms, how many finite norms were seen, EMA mean and variance."""
 
-    warmup_norms: tf.Variable
-    seen: tf.Variable  # int64
-    mean: tf.Variable
-    var: tf.Variable
+    warmup_norms: tf.Tensor
+    seen: tf.Tensor  # int64
+    mean: tf.Tensor
+    var: tf.Tensor
 
     @classmethod
     def create(cls, warmup_steps: int) -> ZClipState:
-        def variable(value, name):
-            return state_variable(value, f"zclip/{name}")
-
-        return cls(variable(tf.zeros([warmup_steps]), "warmup_norms"),
-                   variable(tf.constant(0, tf.int64), "seen"),
-                   variable(0.0, "mean"), variable(0.0, "var"))
-
-    @property
-    def variables(self) -> list[tf.Variable]:
-        return [self.warmup_norms, self.seen, self.mean, self.var]
+        return cls(tf.zeros([warmup_steps]), tf.constant(0, tf.int64), tf.constant(0.0),
+                   tf.constant(0.0))
 
 
 def zclip(grads: list, state: ZClipState, alpha: float, z_threshold: float, *,
           mode: str = ZSCORE, clip_option: str = ADAPTIVE_SCALING, clip_factor: float = 1.0,
-          max_grad_norm: float | None = None) -> tuple[list, dict]:
+          max_grad_norm: float | None = None) -> tuple[list, ZClipState, dict]:
     """ZClip (the module docstring) with EMA factor α = `alpha`, z_t = `z_threshold`, and the
     reference's options. threshold = the spike boundary (inf during warm-up), capped by
     `max_grad_norm`."""
@@ -85,7 +68,7 @@ def zclip(grads: list, state: ZClipState, alpha: float, z_threshold: float, *,
     finite = tf.math.is_finite(norm)
     warmup_steps = state.warmup_norms.shape[0]
     ready = state.seen >= warmup_steps  # statistics initialised
-    mean, var = state.mean.read_value(), state.var.read_value()
+    mean, var = state.mean, state.var
     std = tf.sqrt(var)
     if mode == PERCENTILE:
         boundary = mean + z_threshold * std
@@ -107,16 +90,16 @@ def zclip(grads: list, state: ZClipState, alpha: float, z_threshold: float, *,
         bound = tf.minimum(effective, max_grad_norm)
         clipped = spike | (finite & (norm > max_grad_norm))
         threshold = tf.minimum(threshold, max_grad_norm)
-    _zclip_record(state, norm, effective, finite, alpha)
     out = rescale(grads, tf.where(clipped, bound / norm, 1.0))
-    return out, clip_stats(norm, out, threshold, clipped)
+    state = _zclip_record(state, norm, effective, finite, alpha)
+    return out, state, clip_stats(norm, out, threshold, clipped)
 
 
-def _zclip_record(state: ZClipState, norm, effective, keep, alpha: float) -> None:
-    """Advance the statistics by one norm (if `keep`): collect it during warm-up (initialising μ,
-    σ² from the collected norms on the last warm-up step), else update the EMAs with `effective`."""
+def _zclip_record(state: ZClipState, norm, effective, keep, alpha: float) -> ZClipState:
+    """The statistics advanced by one norm (if `keep`): collected during warm-up (μ, σ² set from
+    the collected norms on the last warm-up step), else the EMAs updated with `effective`."""
     warmup_steps = state.warmup_norms.shape[0]
-    seen, mean, var = state.seen.read_value(), state.mean.read_value(), state.var.read_value()
+    seen, mean, var = state.seen, state.mean, state.var
     collecting = keep & (seen < warmup_steps)
     norms = tf.where(collecting & (tf.range(warmup_steps, dtype=tf.int64) == seen), norm,
                      state.warmup_norms)
@@ -126,20 +109,19 @@ def _zclip_record(state: ZClipState, norm, effective, keep, alpha: float) -> Non
     updating = keep & (seen >= warmup_steps)
     ema_mean = alpha * mean + (1 - alpha) * effective
     ema_var = alpha * var + (1 - alpha) * tf.square(effective - ema_mean)
-    state.mean.assign(tf.where(completes, warm_mean, tf.where(updating, ema_mean, mean)))
-    state.var.assign(tf.where(completes, warm_var, tf.where(updating, ema_var, var)))
-    state.warmup_norms.assign(norms)
-    state.seen.assign_add(tf.cast(keep, tf.int64))
+    return ZClipState(norms, seen + tf.cast(keep, tf.int64),
+                      tf.where(completes, warm_mean, tf.where(updating, ema_mean, mean)),
+                      tf.where(completes, warm_var, tf.where(updating, ema_var, var)))
 
 
 @method("zclip")
-def _zclip(c, params, output_params) -> Clipper:
-    state = ZClipState.create(int(c.warmup_steps))
+def _zclip(c, params, output_params) -> Method:
+    warmup_steps = int(c.warmup_steps)
     alpha, z_threshold = float(c.alpha), float(c.z_threshold)
     options = {key: c.get(key, default) for key, default in OPTION_DEFAULTS.items()}
     cap = options["max_grad_norm"]
     options.update(mode=str(options["mode"]), clip_option=str(options["clip_option"]),
                    clip_factor=float(options["clip_factor"]),
                    max_grad_norm=None if cap is None else float(cap))
-    return Clipper(c.name, lambda grads, params: zclip(grads, state, alpha, z_threshold,
-                                                       **options), state.variables)
+    return Method(c.name, lambda: ZClipState.create(warmup_steps),
+                  lambda grads, state, params: zclip(grads, state, alpha, z_threshold, **options))

@@ -43,5 +43,23 @@ class AdamConfig(OptimizerConfig):
         need(self.epsilon > 0, "epsilon", self.epsilon, "must be a positive number")
 
 
+@dataclass
+class AdamWConfig(OptimizerConfig):
+    """Adam with decoupled weight decay (Loshchilov & Hutter 2019): each step also shrinks every
+    weight by learning_rate · weight_decay · θ."""
+
+    name: str = "adamw"
+    learning_rate: float = MISSING
+    weight_decay: float = MISSING
+    beta_1: float = MISSING
+    beta_2: float = MISSING
+    epsilon: float = MISSING
+
+    def check(self) -> None:
+        AdamConfig.check(self)
+        need(finite(self.weight_decay) and self.weight_decay >= 0, "weight_decay",
+             self.weight_decay, "must be a number >= 0")
+
+
 def check_learning_rate(value: float) -> None:
     need(finite(value) and value > 0, "learning_rate", value, "must be a positive number")

@@ -40,6 +40,8 @@ from hydra.core.utils import (
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from gradexp.stopping import exit_status
+
 from .ray_launcher import RayLauncher
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,7 @@ def launch(launcher: RayLauncher, job_overrides: Sequence[Sequence[str]],
     if stop.signal is not None:
         log.info("stopped by %s: jobs that had not started will not run",
                  signal.Signals(stop.signal).name)
-        raise SystemExit(128 + stop.signal)
+        raise SystemExit(exit_status(stop.signal))
     return [result(ref, sweep_config) for ref, sweep_config in zip(refs, configs, strict=True)]
 
 

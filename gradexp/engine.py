@@ -1,0 +1,278 @@
+"""K runs of one structure trained by one compiled program: a run alone is K = 1; a sweep's runs
+that differ only in their seed, clip bounds and learning rate are K > 1 (`hydra/launcher=gradexp`),
+one dispatch per call for all of them.
+
+A run's state is a value (gradexp/step.py `State`). Alone, it lives in the run's own variables
+(its model's, its optimizer's and its carry's). In a batch each variable i is stacked along a
+new first axis,
+
+    S_i = stack_k(v_i of run k)        for every variable i of model, optimizer and carry,
+
+and the step runs for each k in turn inside the compiled program (tf.map_fn: a loop in the
+program, not K dispatches): S[k] ← step(S[k], x_k, y_k), with x_k, y_k run k's own batch. A run
+that has stopped (it diverged) is no longer computed and keeps its state. On a CPU the K runs
+are split into one part per core, each part its own call of the one compiled program, and the
+parts of a call run at once.
+
+One call (`train_steps`) trains up to `trainer.log_every` steps: the program loops over them
+(an XLA while loop under trainer.jit_compile), each run gathering its batches from the data by
+its indices (gradexp/data.py `examples`), and returns one row of measurements per step and run;
+the last step of a call also measures the per-layer telemetry. Under a distribution strategy
+(one run) the loop is TensorFlow's and each step's forward and backward pass runs on every
+replica, their gradients summed before the update (`_mirrored_steps`).
+
+Each run computes with the shapes and operations of its own run, so a batch's numbers are its
+runs' alone, bit for bit (tests/test_batched.py compares metrics.csv byte for byte).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from gradexp import data
+from gradexp._tf import tf
+from gradexp.measures import diverged
+from gradexp.step import State
+
+
+def parts_for(runs: int, where: str) -> int:
+    """Parts a batch is computed in: one per CPU core (at most one per run); one on a GPU."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(runs, cores or 1) if where == "cpu" else 1
+
+
+def own_variables(run) -> list:
+    """A run's state as variables, in State order: model, optimizer, carry."""
+    return [*run.step.variables, *run.carry]
+
+
+class Engine:
+    """The compiled functions on the state of K runs of one structure (the first run, `run`,
+    traces them): `train_steps(first_step, n, active)` -> (rows [n_max, K, names], steps done
+    per run, each run's parameter gradients at the call's last step, stacked when K > 1);
+    `evaluate(x_val, y_val)` -> {name: [K]}; `load(runs)` (the runs' values into the stacked
+    state) and `sync(*ks)` (the stacked state back into runs ks' own variables, to
+    checkpoint)."""
+
+    def __init__(self, run, K: int):
+        step, t = run.step, run.cfg.trainer
+        self.step, self.K, self.arrays = step, K, run.arrays
+        self.names = list(step.names)
+        self.batch_size, self.n_max = t.batch_size, t.log_every
+        self.stop_at_divergence = t.on_divergence == "stop"
+        self.strategy = run.strategy
+        self.counts = (len(step.model.variables), len(step.variables))
+        self.stacked = K > 1
+        self.size = -(-K // parts_for(K, run.where)) if self.stacked else 1  # runs per part
+        parts = -(-K // self.size)  # no part of padding only (33 runs, 32 cores: 17 of 2)
+        self.runs: list = [run]
+        template = own_variables(run)
+        self.parts = ([[tf.Variable(tf.stack([value] * self.size), trainable=False,
+                                    name=f"stacked_{p}_{i}")
+                        for i, value in enumerate(read(template))] for p in range(parts)]
+                      if self.stacked else [template])
+        self.seeds = tf.Variable([run.cfg.seed] * (parts * self.size), dtype=tf.int64,
+                                 trainable=False, name="seeds")
+        self.params = step.model.trainable_variables
+        distributed = self.strategy.num_replicas_in_sync > 1
+        self.backward = tf.function(step.backward, jit_compile=t.jit_compile, autograph=False)
+        self.part_steps = tf.function(self._mirrored_steps if distributed else self._part_steps,
+                                      jit_compile=t.jit_compile and not distributed,
+                                      autograph=False)
+        self.train_steps = tf.function(self._train_steps, autograph=False)
+        self.evaluate = tf.function(self._evaluate, autograph=False)
+
+    def compile_ahead(self) -> Future:
+        """Trace a part's program here and call it once, for no step, in a thread on the first
+        part's state: XLA compiles it there (C++, without the GIL) while this thread sets up the
+        batch's other runs. The program is pure: the call writes nothing. It is called from a
+        function, as `train_steps` calls it (called eagerly it would be another program)."""
+        slots = len(self.parts) * self.size
+        x, y, indices = data.examples(self.arrays, tf.zeros([slots], tf.int64), self.batch_size,
+                                      tf.constant(0, tf.int64), self.n_max)
+        args = (read(self.parts[0]), x, y, indices[:self.size],
+                tf.constant(0), tf.ones([self.size], tf.bool))
+        in_a_function = tf.function(lambda *args: self.part_steps(*args), autograph=False)
+        return in_a_thread(in_a_function.get_concrete_function(*args), *args)
+
+    # ------------------------------------------------------------------------------ state
+    def load(self, runs: list) -> None:
+        """Take the runs' state from their own variables (run k in slot k, padding slots a
+        copy of the last run's)."""
+        self.runs = list(runs)
+        slots = len(self.parts) * self.size
+        self.seeds.assign([runs[min(k, self.K - 1)].cfg.seed for k in range(slots)])
+        if not self.stacked:
+            return
+        own = [own_variables(runs[min(k, self.K - 1)]) for k in range(slots)]
+        for p, part in enumerate(self.parts):
+            for i, stacked in enumerate(part):
+                stacked.assign(tf.stack([tf.convert_to_tensor(vs[i]) for vs in own[p * self.size:
+                                                                    (p + 1) * self.size]]))
+
+    def sync(self, *ks: int) -> None:
+        """Copy runs ks' state into their own variables (to checkpoint), through one host copy
+        of each stacked variable of their parts."""
+        if not self.stacked:
+            return
+        for p in sorted({k // self.size for k in ks}):
+            values = [v.numpy() for v in self.parts[p]]
+            for k in (k for k in ks if k // self.size == p):
+                for own, value in zip(own_variables(self.runs[k]), values, strict=True):
+                    own.assign(value[k % self.size])
+
+    def _state(self, values) -> State:
+        a, b = self.counts
+        return State(list(values[:a]), list(values[a:b]), list(values[b:]))
+
+    # ------------------------------------------------------------------------- training
+    def _train_steps(self, first_step, n, active):
+        """Up to n steps of the active runs from `first_step` (all at the same step), each part
+        a call of the compiled `part_steps`; a run stops after a step that diverged."""
+        slots = len(self.parts) * self.size
+        active = tf.concat([active, tf.zeros([slots - self.K], tf.bool)], 0)  # padding: idle
+        x, y, indices = data.examples(self.arrays, self.seeds, self.batch_size, first_step,
+                                      self.n_max)
+        rows, done, grads = [], [], []
+        for p, part in enumerate(self.parts):
+            at = slice(p * self.size, (p + 1) * self.size)
+            new, r, d, g = self.part_steps(read(part), x, y, indices[at], n, active[at])
+            for v, value in zip(part, new, strict=True):
+                v.assign(value)
+            rows.append(r)
+            done.append(d)
+            grads.append(g)
+        if self.stacked:
+            grads = [tf.concat(g, 0)[:self.K] for g in zip(*grads, strict=True)]
+        return tf.concat(rows, 1)[:, :self.K], tf.concat(done, 0)[:self.K], grads[0] if (
+            not self.stacked) else grads
+
+    def _one_step(self, values, grads, x, y, indices, active, i, measure: bool):
+        """Step i of a part's active runs: S[k] ← step(S[k], its batch); the new state, its
+        rows and (measuring) its gradients, else `grads` as they were."""
+        def step(values, grads, indices):
+            state, row, new_grads = self.step.train(
+                self._state(values), tf.gather(x, indices[i]), tf.gather(y, indices[i]), measure)
+            return ([*state.model, *state.optimizer, *state.carry], row,
+                    list(new_grads) if measure else grads)
+
+        if not self.stacked:
+            new, row, grads = step(values, grads, indices[0])
+            return new, row[None], grads
+
+        def one(args):  # a stopped run is not computed: its state and a row of NaN
+            values, grads, indices, active = args
+            return tf.cond(active, lambda: step(values, grads, indices),
+                           lambda: (values, tf.fill([len(self.names)], float("nan")), grads))
+
+        shapes = ([tf.TensorSpec(v.shape[1:], v.dtype) for v in values],
+                  tf.TensorSpec([len(self.names)], tf.float32),
+                  [tf.TensorSpec(g.shape[1:], g.dtype) for g in grads])
+        return tf.map_fn(one, (values, grads, indices, active), fn_output_signature=shapes,
+                         parallel_iterations=1)
+
+    def _still_active(self, active, rows):
+        """`active` less the runs whose step diverged (measures.diverged, on the rows)."""
+        if not self.stop_at_divergence:
+            return active
+        skipped = rows[:, self.names.index("skipped")] if "skipped" in self.names else 0.0
+        return active & ~diverged(rows[:, self.names.index("loss/train")],
+                                  rows[:, self.names.index("grad_norm/global")], skipped,
+                                  isfinite=tf.math.is_finite)
+
+    def _no_grads(self):
+        """Zeros in the shape of the gradients a part's step returns (a place for them)."""
+        lead = [self.size] if self.stacked else []
+        return [tf.zeros([*lead, *v.shape], v.dtype) for v in self.params]
+
+    def _part_steps(self, values, x, y, indices, n, active):
+        """The compiled program: up to n steps of a part's active runs (the last one measuring
+        the telemetry and keeping its gradients), each run's batches x[indices[k, i]]; (new
+        values, rows, steps done, gradients)."""
+        def body(i, values, grads, active, done, rows):
+            def one_step(measure):
+                return lambda: self._one_step(values, grads, x, y, indices, active, i, measure)
+
+            values, r, grads = tf.cond(i == n - 1, one_step(True), one_step(False))
+            done = tf.where(active, i + 1, done)
+            return i + 1, values, grads, self._still_active(active, r), done, rows.write(i, r)
+
+        return self._loop(body, values, n, active)
+
+    def _loop(self, body, values, n, active):
+        _, values, grads, _, done, rows = tf.while_loop(
+            lambda i, values, grads, active, done, rows: (i < n) & tf.reduce_any(active), body,
+            (tf.constant(0), list(values), self._no_grads(), active,
+             tf.zeros_like(active, tf.int32),
+             tf.TensorArray(tf.float32, size=self.n_max,
+                            element_shape=[self.size, len(self.names)])))
+        return values, rows.stack(), done, grads
+
+    def _mirrored_steps(self, values, x, y, indices, n, active):
+        """`_part_steps` of one run under a distribution strategy: each step's batch split
+        between the replicas, their forward and backward passes (XLA-compiled under
+        trainer.jit_compile: the cross-replica sum cannot be) summed, the update made once."""
+        strategy, replicas = self.strategy, self.strategy.num_replicas_in_sync
+        share = self.batch_size // replicas
+
+        def replica_backward(values, x, y):
+            b = self.backward(self._state(values), x, y)
+            context = tf.distribute.get_replica_context()
+            grads, stats, loss_sum = context.all_reduce("SUM", (b.grads, b.stats, b.loss_sum))
+            return b._replace(grads=grads, stats=stats, loss_sum=loss_sum)
+
+        def split(t):
+            return strategy.experimental_distribute_values_from_function(
+                lambda ctx: t[ctx.replica_id_in_sync_group * share:
+                              (ctx.replica_id_in_sync_group + 1) * share])
+
+        def body(i, values, grads, active, done, rows):
+            batch = [split(tf.gather(t, indices[0, i])) for t in (x, y)]
+            b = strategy.experimental_local_results(
+                strategy.run(replica_backward, (list(values), *batch)))[0]
+
+            def update(measure):
+                def then():
+                    state, row, new_grads = self.step.update(self._state(values), b, measure)
+                    return ([*state.model, *state.optimizer, *state.carry], row[None],
+                            list(new_grads) if measure else grads)
+                return then
+
+            values, r, grads = tf.cond(i == n - 1, update(True), update(False))
+            done = tf.where(active, i + 1, done)
+            return i + 1, values, grads, self._still_active(active, r), done, rows.write(i, r)
+
+        return self._loop(body, values, n, active)
+
+    # --------------------------------------------------------------- evaluation, histograms
+    def _evaluate(self, x_val, y_val):
+        """Every run's evaluation, the first run's `evaluate` on each run's state: a loop over
+        each part's slots in one program, the parts independent (padding slots evaluated too)."""
+        names, models = self.step.val_names, self.counts[0]
+        if not self.stacked:
+            measured = self.step.evaluate(read(self.parts[0][:models]),
+                                          x_val, y_val)
+            return {name: measured[name][None] for name in names}
+
+        def one(values):
+            measured = self.step.evaluate(values, x_val, y_val)
+            return [measured[name] for name in names]
+
+        parts = [tf.map_fn(one, read(part[:models]), parallel_iterations=1,
+                           fn_output_signature=[tf.TensorSpec([], tf.float32)] * len(names))
+                 for part in self.parts]
+        return {name: tf.concat([p[i] for p in parts], 0)[:self.K]
+                for i, name in enumerate(names)}
+
+
+def read(variables: list) -> list:
+    """The values of Keras's and TensorFlow's variables alike."""
+    return [tf.convert_to_tensor(v) for v in variables]
+
+
+def in_a_thread(call, *args) -> Future:
+    pool = ThreadPoolExecutor(1, thread_name_prefix="gradexp-compile")
+    done = pool.submit(call, *args)
+    pool.shutdown(wait=False)  # the thread ends with the call
+    return done

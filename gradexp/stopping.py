@@ -1,0 +1,51 @@
+"""Stopping cleanly when asked: SIGINT and SIGTERM during training set a flag that the training
+loop reads between compiled calls (every `trainer.log_every` steps at most): it flushes the
+logs, saves a checkpoint and marks the run interrupted. A second SIGINT stops at once. SIGUSR2,
+a scheduler's notice (submitit's requeue on pre-emption or time-out), does the same before its
+own handler runs. A process that stopped a run this way exits with `exit_status(signal)`, as a
+shell reports a process a signal ended. The standard library only: launchers import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+
+
+def exit_status(signum: int) -> int:
+    """The exit status of a process stopped by `signum` (128 + its number)."""
+    return 128 + int(signum)
+
+
+class StopRequests:
+    """Which signal asked the run to stop (None while none has)."""
+
+    signal: int | None = None
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """Within the block, SIGINT and SIGTERM ask the run to stop at the next safe point. So does
+    SIGUSR2 when a Python handler owns it: a job scheduler's warning that the job is about to be
+    stopped (submitit's handler requeues the job and exits at once). Its handler is put back
+    when the block ends, for the caller to call once the run is checkpointed and recorded."""
+    requests = StopRequests()
+
+    def ask(signum, frame):
+        if requests.signal == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # asked twice: stop now
+        requests.signal = signum
+
+    watched = [signal.SIGINT, signal.SIGTERM]
+    usr2 = getattr(signal, "SIGUSR2", None)
+    if usr2 is not None and callable(signal.getsignal(usr2)):
+        watched.append(usr2)
+    try:
+        previous = {s: signal.signal(s, ask) for s in watched}
+    except ValueError:  # not the main thread: leave signals to whoever owns them
+        previous = {}
+    try:
+        yield requests
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
