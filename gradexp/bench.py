@@ -1,8 +1,10 @@
 """What gradexp costs over the model's own arithmetic: `python -m gradexp.bench [--quick]`.
 
 Every comparison runs in this one process, side by side: the variants of a measurement take
-turns, `--repeats` times, and the medians are compared, so a busy machine slows all of them
-alike. The last line printed is one JSON object:
+turns, in `--repeats` rounds (5 in a full run), and each ratio is computed round by round and
+reported as its median with its spread, `<name>_min` and `<name>_max` (gradexp/rounds.py), so
+a busy machine slows all of them alike and shows where it did. The last line printed is one
+JSON object:
 
     vs_keras_fit          gradexp's steps/s ÷ Keras model.fit's, same model, data, batch and
                           optimizer (clip layers in both); per model, and on the default MLP
@@ -21,8 +23,9 @@ alike. The last line printed is one JSON object:
     determinism_cost      time per step with deterministic=true ÷ without (separate processes:
                           op determinism is for the whole process)
     flop_fraction         the compute-bound MLP's FLOP rate ÷ a 2048² tf.matmul's
-    sweep_speedup, sweep_step_fraction (_rnn, _one_worker, _two_workers): basic launcher ÷
-                          hydra/launcher=gradexp's faster way, share in steps (bench_sweeps.py)
+    sweep_speedup, sweep_step_fraction (_rnn, _stateful, _one_worker, _two_workers): basic
+                          launcher ÷ hydra/launcher=gradexp's faster way, share in steps
+                          (bench_sweeps.py; _stateful: clipping=zclip)
 
 and the raw steps/s behind each ratio. "gradexp's steps/s" is the run's own figure: steps after
 the first compiled call (which traces) over the wall time to the end of the loop, logging,
@@ -34,17 +37,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from gradexp import bench_sweeps, rundir
+from gradexp.rounds import ROUNDS, figure, medians, ratio, shown, side_by_side
 from gradexp.train import CONF_DIR
 
 WORKLOADS = {  # name: overrides of the default config
@@ -185,15 +187,6 @@ def keras_fit_steps_per_s(cfg) -> float:
 
 
 # --------------------------------------------------------------------------- measurement
-def side_by_side(variants: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
-    """Each variant's median over `repeats` rounds; in every round all variants take a turn."""
-    results: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, measure in variants.items():
-            results[name].append(measure())
-    return {name: statistics.median(values) for name, values in results.items()}
-
-
 def matmul_flops_per_s(size: int = 2048, repeats: int = 10) -> float:
     from gradexp._tf import tf
 
@@ -243,7 +236,8 @@ def summarize_vs_tbparse(runs: int, steps: int, repeats: int) -> dict[str, float
 
         times = side_by_side({"tbparse_s": with_tbparse, "summarize_s": with_summarize},
                              repeats)
-    return {**times, "summarize_vs_tbparse": times["tbparse_s"] / times["summarize_s"]}
+    return {**medians("", times),
+            **ratio("summarize_vs_tbparse", times["tbparse_s"], times["summarize_s"])}
 
 
 def write_sweep(sweep: Path, runs: int, steps: int) -> None:
@@ -277,7 +271,7 @@ def write_sweep(sweep: Path, runs: int, steps: int) -> None:
                                               "overrides": overrides})
 
 
-def config_error_seconds(repeats: int) -> float:
+def config_error_seconds(repeats: int) -> list[float]:
     """Launch to error for a bad value, as a user meets it: a fresh process each time."""
     times = []
     for _ in range(repeats):
@@ -286,7 +280,7 @@ def config_error_seconds(repeats: int) -> float:
                                 capture_output=True, text=True)
         times.append(time.perf_counter() - start)
         assert result.returncode == 2, result.stderr
-    return statistics.median(times)
+    return times
 
 
 def determinism_cost(steps: int, repeats: int) -> dict[str, float]:
@@ -302,8 +296,8 @@ def determinism_cost(steps: int, repeats: int) -> dict[str, float]:
 
     speeds = side_by_side({"deterministic": lambda: run(True),
                            "default": lambda: run(False)}, repeats)
-    return {"determinism_cost": speeds["default"] / speeds["deterministic"],
-            "steps_per_s_deterministic": speeds["deterministic"]}
+    return {**ratio("determinism_cost", speeds["default"], speeds["deterministic"]),
+            **medians("steps_per_s", {"deterministic": speeds["deterministic"]})}
 
 
 # ------------------------------------------------------------------------------------ main
@@ -312,16 +306,16 @@ def main(argv: list[str] | None = None) -> dict:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="the targets' ratios on the MLPs, summary and config error, "
-                             "fewer steps (under 2 minutes); the rest: full run (~25 minutes)")
-    parser.add_argument("--repeats", type=int, help="rounds per comparison (default 3, quick 2)")
+                             "fewer steps and rounds (about a minute); the rest: full run")
+    parser.add_argument("--repeats", type=int,
+                        help=f"rounds per comparison (default {ROUNDS}, quick 2)")
     parser.add_argument("--smoke", action="store_true", help="--quick at a toy scale, one "
                         "round: a test of the bench's code (under a minute; figures mean nothing)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides for every run, e.g. trainer.jit_compile=false")
     args = parser.parse_args(argv)
     EXTRA[:] = args.overrides
-    repeats = args.repeats or (1 if args.smoke else 2 if args.quick else 3)
-    # --quick: fewer steps keep it under 2 minutes (127 s with 1000 and 40 on a slow moment)
+    repeats = args.repeats or (1 if args.smoke else 2 if args.quick else ROUNDS)
     steps = 40 if args.smoke else 600 if args.quick else 3000
     wide_steps = 20 if args.smoke else 30 if args.quick else 60
     wide_workload = ["model.width=32"] if args.smoke else WORKLOADS["mlp_wide"]
@@ -333,8 +327,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def report(label: str, values: dict[str, float]) -> None:
         out.update(values)
-        shown = ", ".join(f"{k} {v:.3g}" for k, v in values.items())
-        print(f"{label}: {shown}  ({time.perf_counter() - since[0]:.0f} s)", flush=True)
+        print(f"{label}: {shown(values)}  ({time.perf_counter() - since[0]:.0f} s)", flush=True)
         since[0] = time.perf_counter()
 
     mlp = compose_cfg(steps)
@@ -348,14 +341,15 @@ def main(argv: list[str] | None = None) -> dict:
         "bare_loop": lambda: bare_loop_steps_per_s(mlp),
         "keras_fit": lambda: keras_fit_steps_per_s(mlp),
     }, repeats)
-    report("default MLP, steps/s", {f"steps_per_s_{k}": v for k, v in speeds.items()})
+    report("default MLP, steps/s", medians("steps_per_s", speeds))
     report("default MLP", {
-        "vs_keras_fit": speeds["gradexp"] / speeds["keras_fit"],
-        "vs_bare_loop": speeds["gradexp"] / speeds["bare_loop"],
-        "layer_overhead": speeds["no_layers"] / speeds["gradexp"],
-        "logging_overhead": speeds["unlogged"] / speeds["gradexp"],
-        "logging_overhead_no_telemetry": speeds["unlogged_no_telemetry"] / speeds["no_telemetry"],
-        "telemetry_overhead": speeds["no_telemetry"] / speeds["gradexp"],
+        **ratio("vs_keras_fit", speeds["gradexp"], speeds["keras_fit"]),
+        **ratio("vs_bare_loop", speeds["gradexp"], speeds["bare_loop"]),
+        **ratio("layer_overhead", speeds["no_layers"], speeds["gradexp"]),
+        **ratio("logging_overhead", speeds["unlogged"], speeds["gradexp"]),
+        **ratio("logging_overhead_no_telemetry", speeds["unlogged_no_telemetry"],
+                speeds["no_telemetry"]),
+        **ratio("telemetry_overhead", speeds["no_telemetry"], speeds["gradexp"]),
     })
 
     wide = compose_cfg(wide_steps, *wide_workload, "trainer.log_every=10")
@@ -364,13 +358,13 @@ def main(argv: list[str] | None = None) -> dict:
                            "matmul_flops": lambda: matmul_flops_per_s(
                                256 if args.smoke else 2048,
                                repeats=5 if args.quick else 10)}, repeats)
-    flops = mlp_flops_per_step(wide, 32, 10) * speeds["gradexp"]
+    flops = [mlp_flops_per_step(wide, 32, 10) * s for s in speeds["gradexp"]]
     report("compute-bound MLP (width 1024, batch 512)", {
-        "steps_per_s_wide_gradexp": speeds["gradexp"],
-        "steps_per_s_wide_bare_loop": speeds["bare_loop"],
-        "vs_bare_loop_wide": speeds["gradexp"] / speeds["bare_loop"],
-        "gflop_per_s_wide": flops / 1e9, "gflop_per_s_matmul": speeds["matmul_flops"] / 1e9,
-        "flop_fraction": flops / speeds["matmul_flops"]})
+        **medians("steps_per_s_wide", {k: speeds[k] for k in ("gradexp", "bare_loop")}),
+        **ratio("vs_bare_loop_wide", speeds["gradexp"], speeds["bare_loop"]),
+        **medians("gflop_per_s", {"wide": [f / 1e9 for f in flops],
+                                  "matmul": [f / 1e9 for f in speeds["matmul_flops"]]}),
+        **ratio("flop_fraction", flops, speeds["matmul_flops"])})
 
     if not args.quick:  # each model compiles twice (~10 s): the full run only
         for name in ("cnn", "rnn", "transformer"):
@@ -378,20 +372,21 @@ def main(argv: list[str] | None = None) -> dict:
             speeds = side_by_side({"gradexp": lambda cfg=cfg: gradexp_steps_per_s(cfg),
                                    "keras_fit": lambda cfg=cfg: keras_fit_steps_per_s(cfg)},
                                   repeats)
-            report(f"{name}", {f"vs_keras_fit_{name}": speeds["gradexp"] / speeds["keras_fit"]})
+            report(f"{name}", ratio(f"vs_keras_fit_{name}", speeds["gradexp"],
+                                    speeds["keras_fit"]))
 
         checkpointed = compose_cfg(steps, "trainer.checkpoint_every=100")
         speeds = side_by_side({"none": lambda: gradexp_steps_per_s(mlp),
                                "every_100": lambda: gradexp_steps_per_s(checkpointed)},
                               repeats)
-        report("checkpoints", {"checkpoint_cost": speeds["none"] / speeds["every_100"]})
+        report("checkpoints", ratio("checkpoint_cost", speeds["none"], speeds["every_100"]))
         report("determinism", determinism_cost(steps, repeats))
-        report("sweeps", bench_sweeps.measure(1))
+        report("sweeps", bench_sweeps.measure(repeats))
     # tbparse takes ~17 s for 100 runs of 100 steps (2 cores): one round in --quick
     report("summarize", summarize_vs_tbparse(4 if args.smoke else 100,
                                              20 if args.smoke else 100 if args.quick else 1000,
                                              1 if args.quick else repeats))
-    report("config error", {"config_error_s": config_error_seconds(repeats)})
+    report("config error", figure("config_error_s", config_error_seconds(repeats)))
     print(json.dumps({k: float(f"{v:.6g}") for k, v in out.items()}))  # never 0 for v > 0
     return out
 

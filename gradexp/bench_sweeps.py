@@ -19,6 +19,10 @@ worker process and with two (a group of runs split into two batches), taking tur
     sweep_speedup_rnn    the same on the exploding-RNN preset (+experiment=exploding_rnn, clip
                          layer in the recurrence, 4000 steps; its clip=null runs diverge within
                          20 steps)
+    sweep_speedup_stateful  the same sweep with clipping=zclip (a method with state)
+
+Each speedup is computed round by round and reported with its spread (gradexp/rounds.py); the
+faster way (`sweep_workers`: 1 or 2) is the one of the smaller median wall time.
 """
 
 from __future__ import annotations
@@ -32,8 +36,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from gradexp.rounds import ratio
+
 SWEEP = ["clip=null,0.1", "seed=0,1,2,3,4"]
 RNN = ["+experiment=exploding_rnn", "layer.positions=[rnn_1_state]"]
+STATEFUL = ["clipping=zclip"]
 GRADEXP = ["hydra/launcher=gradexp"]
 LAUNCHERS = {"basic": [], "one_worker": [*GRADEXP, "hydra.launcher.workers=1"],
              "two_workers": [*GRADEXP, "hydra.launcher.workers=2"]}
@@ -71,7 +78,7 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
 
 
 def sweep_speed(overrides: list[str], repeats: int, suffix: str = "") -> dict[str, float]:
-    """The launchers on one sweep, `repeats` rounds taking turns; medians compared."""
+    """The launchers on one sweep, `repeats` rounds taking turns; speedups round by round."""
     walls: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
     fractions: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
     for _ in range(repeats):
@@ -87,15 +94,17 @@ def sweep_speed(overrides: list[str], repeats: int, suffix: str = "") -> dict[st
 
 def ratios(walls: dict[str, list[float]], fractions: dict[str, list[float]],
            suffix: str = "") -> dict[str, float]:
-    """Each launcher's median wall time, each gradexp way's speedup and step fraction, and the
-    faster way's as `sweep_speedup`, `sweep_step_fraction` (`sweep_workers`: which)."""
+    """Each launcher's median wall time, each gradexp way's speedup (round by round, with its
+    spread) and step fraction, and the faster way's as `sweep_speedup`, `sweep_step_fraction`
+    (`sweep_workers`: which)."""
     wall = {name: statistics.median(w) for name, w in walls.items()}
     out = {f"sweep_s_{name}{suffix}": w for name, w in wall.items()}
     for name in ("one_worker", "two_workers"):
-        out[f"sweep_speedup_{name}{suffix}"] = wall["basic"] / wall[name]
+        out.update(ratio(f"sweep_speedup_{name}{suffix}", walls["basic"], walls[name]))
         out[f"sweep_step_fraction_{name}{suffix}"] = statistics.median(fractions[name])
     fastest = min(("one_worker", "two_workers"), key=wall.get)
-    out[f"sweep_speedup{suffix}"] = out[f"sweep_speedup_{fastest}{suffix}"]
+    for end in ("", "_min", "_max"):
+        out[f"sweep_speedup{suffix}{end}"] = out[f"sweep_speedup_{fastest}{suffix}{end}"]
     out[f"sweep_step_fraction{suffix}"] = out[f"sweep_step_fraction_{fastest}{suffix}"]
     out[f"sweep_workers{suffix}"] = 1 if fastest == "one_worker" else 2
     return out
@@ -103,6 +112,7 @@ def ratios(walls: dict[str, list[float]], fractions: dict[str, list[float]],
 
 def measure(repeats: int, rnn: bool = True) -> dict[str, float]:
     out = sweep_speed(SWEEP, repeats)
+    out.update(sweep_speed([*STATEFUL, *SWEEP], repeats, suffix="_stateful"))
     if rnn:
         out.update(sweep_speed([*RNN, *SWEEP], repeats, suffix="_rnn"))
     return out

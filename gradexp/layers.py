@@ -33,6 +33,21 @@ from gradexp.config import NORM_AXES
 STATS = ("sum_sq_pre", "sum_sq_post", "clipped", "count")
 
 
+MATVEC_SUM_FROM = 2**16  # elements: see `total`
+
+
+def total(x) -> tf.Tensor:
+    """Σ x over every element. From MATVEC_SUM_FROM elements, summed as a matrix-vector product
+    with ones (each row's sum), then over the rows: XLA hands the product to Eigen, on every
+    core, where its own reduction is one loop on one (3x the time on 2 CPU cores for a
+    512 x 1024 dy, and the statistics run every step). Below it XLA's reduction, fused into
+    the backward pass, is the faster (a matrix-vector product cost the default MLP's step 30%)."""
+    if not x.shape.is_fully_defined() or x.shape.num_elements() < MATVEC_SUM_FROM:
+        return tf.reduce_sum(x)
+    rows = tf.reshape(x, [-1, x.shape[-1]])
+    return tf.reduce_sum(tf.linalg.matvec(rows, tf.ones([x.shape[-1]], x.dtype)))
+
+
 def _backward(dy, clip_min, clip_max, max_norm, grad_scale, loss_scale, per_example):
     """dx and the statistics vector for upstream gradient dy (see the module docstring).
 
@@ -45,7 +60,7 @@ def _backward(dy, clip_min, clip_max, max_norm, grad_scale, loss_scale, per_exam
         g = g * grad_scale
     if loss_scale is not None:
         g = g / loss_scale
-    sum_sq_pre = tf.reduce_sum(tf.square(g))
+    sum_sq_pre = total(tf.square(g))
     count = tf.cast(tf.size(g), tf.float32)
     if clip_min is None and clip_max is None and max_norm is None:
         dx, stats = g, tf.stack([sum_sq_pre, sum_sq_pre, 0.0, count])
@@ -68,8 +83,8 @@ def _backward(dy, clip_min, clip_max, max_norm, grad_scale, loss_scale, per_exam
             dx = dx * factor
         stats = tf.stack([
             sum_sq_pre,
-            tf.reduce_sum(tf.square(dx)),
-            tf.reduce_sum(tf.cast(tf.not_equal(g, dx) & finite, tf.float32)),
+            total(tf.square(dx)),
+            total(tf.cast(tf.not_equal(g, dx) & finite, tf.float32)),
             count,
         ])
     if loss_scale is not None:

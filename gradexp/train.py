@@ -212,6 +212,7 @@ def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
     steps, each followed by each run's bookkeeping (gradexp/tracking.py). A run stops at its
     divergence (on_divergence=stop); all stop at SIGINT/SIGTERM, after the call under way.
     `ready`: done when the engine's programs are (a batch compiles them ahead)."""
+    from gradexp import logs
     from gradexp._tf import tf
 
     t, K = runs[0].cfg.trainer, len(runs)
@@ -256,12 +257,14 @@ def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
         for tracker in trackers:  # steps run from here
             tracker.log.info("step %*d/%d  the batch's step is compiled and ready",
                              len(str(t.steps)), tracker.step, t.steps)
+    engine.evaluate.get_concrete_function(*runs[0].validation)  # traced before steps/s counts
     with stop_requests() as stop:
         while stop.signal is None and any(tr.going() for tr in trackers):
             going = [tr.going() for tr in trackers]
             step = {tr.step for tr, g in zip(trackers, going, strict=True) if g}.pop()
             n = steps_to_next_event(step, t)
             tick = time.perf_counter()
+            logs.release()  # the last call's writes, while this one runs
             rows, steps, grads = engine.train_steps(tf.constant(step, tf.int64), tf.constant(n),
                                                    tf.constant(going))
             rows, steps, seconds = rows.numpy(), steps.numpy(), time.perf_counter() - tick

@@ -10,11 +10,12 @@ import math
 
 from conftest import gradexp
 
-QUICK_FIGURES = {
-    # ratios (the README's table)
+RATIOS = {  # the README's table, each with its spread over the rounds
     "vs_keras_fit", "vs_bare_loop", "vs_bare_loop_wide", "flop_fraction", "layer_overhead",
     "logging_overhead", "logging_overhead_no_telemetry", "telemetry_overhead",
-    "summarize_vs_tbparse", "config_error_s",
+    "summarize_vs_tbparse", "config_error_s"}
+QUICK_FIGURES = {
+    *RATIOS, *(f"{name}_{end}" for name in RATIOS for end in ("min", "max")),
     # the raw figures behind them
     *(f"steps_per_s_{v}" for v in ("gradexp", "unlogged", "no_telemetry", "unlogged_no_telemetry",
                                    "no_layers", "bare_loop", "keras_fit", "wide_gradexp",
@@ -30,6 +31,9 @@ def test_bench_quick_prints_every_figure_as_one_json_line(tmp_path):
     assert set(figures) == QUICK_FIGURES
     assert all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0
                for v in figures.values()), figures
+    for name in RATIOS:  # one round: its spread is the figure itself
+        assert figures[f"{name}_min"] == figures[name] == figures[f"{name}_max"], name
+    assert "vs_keras_fit " in result.stdout  # a line per measurement, as it is taken
     assert list(tmp_path.iterdir()) == []  # its runs and sweep live in temporary directories
 
 
@@ -59,10 +63,22 @@ def test_the_sweep_bench_reads_run_logs_counts_overlap_once_and_takes_the_faster
     walls = {"basic": [40, 44, 42], "one_worker": [14, 15, 13], "two_workers": [16, 15, 17]}
     fractions = {"basic": [0.3] * 3, "one_worker": [0.4, 0.5, 0.45], "two_workers": [0.4] * 3}
     mlp = bench_sweeps.ratios(walls, fractions)
-    assert mlp["sweep_speedup"] == mlp["sweep_speedup_one_worker"] == 42 / 14
+    # round by round: 40/14, 44/15, 42/13; the faster way by median wall time (14 < 16)
+    assert mlp["sweep_speedup"] == mlp["sweep_speedup_one_worker"] == 44 / 15
+    assert mlp["sweep_speedup_min"] == 40 / 14 and mlp["sweep_speedup_max"] == 42 / 13
     assert mlp["sweep_step_fraction"] == 0.45 and mlp["sweep_workers"] == 1
-    assert mlp["sweep_speedup_two_workers"] == 42 / 16
+    assert mlp["sweep_speedup_two_workers"] == 40 / 16  # of 40/16, 44/15, 42/17
     walls["two_workers"] = [12, 11, 12.5]
     rnn = bench_sweeps.ratios(walls, fractions, "_rnn")
-    assert rnn["sweep_speedup_rnn"] == 42 / 12 and rnn["sweep_workers_rnn"] == 2
+    assert rnn["sweep_speedup_rnn"] == 42 / 12.5 and rnn["sweep_workers_rnn"] == 2
     assert rnn["sweep_step_fraction_rnn"] == 0.4 and rnn["sweep_s_one_worker_rnn"] == 14
+
+
+def test_a_figure_is_steady_when_every_round_lies_within_ten_percent_of_its_median():
+    from gradexp import rounds
+
+    figures = rounds.ratio("speedup", [30.0, 33.0, 31.0], [10.0, 10.0, 10.0])
+    assert figures == {"speedup": 3.1, "speedup_min": 3.0, "speedup_max": 3.3}
+    assert rounds.steady(figures, "speedup")  # 3.0 and 3.3 within 3.1 ± 0.31
+    assert not rounds.steady(rounds.ratio("s", [30.0, 36.0, 31.0], [10.0] * 3), "s")  # 3.6
+    assert rounds.shown(figures) == "speedup 3.1 (3–3.3)"

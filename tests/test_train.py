@@ -272,3 +272,17 @@ def test_the_pure_step_is_the_engines_compiled_step(make_cfg, tmp_path):
                                    err_msg=name)
     for v, value in zip(variables, values, strict=True):
         np.testing.assert_allclose(value, v.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_gradient_histograms_are_tensorboards_own_buckets():
+    """gradexp.logs.histogram_pb counts with np.bincount what TensorBoard's histogram_pb counts
+    with a one-hot matrix: the same proto, byte for byte, special cases included."""
+    from tensorboard.plugins.histogram import summary_v2 as histogram
+
+    from gradexp.logs import histogram_pb
+
+    rng = np.random.default_rng(0)
+    for data in (rng.normal(size=(64, 32)).astype(np.float32), rng.normal(size=7),
+                 np.array([0.0, 1e-30, 5.0]), np.array([2.0, 2.0, 2.0]), np.array([])):
+        assert (histogram_pb("g", data).SerializeToString()
+                == histogram.histogram_pb("g", data).SerializeToString())
