@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     EXTRA[:] = args.overrides
     repeats = args.repeats or (1 if args.smoke else 2 if args.quick else ROUNDS)
-    steps = 40 if args.smoke else 600 if args.quick else 3000
+    steps = 40 if args.smoke else 600 if args.quick else 10000  # ~2.5 s a gradexp run
     wide_steps = 20 if args.smoke else 30 if args.quick else 60
     wide_workload = ["model.width=32"] if args.smoke else WORKLOADS["mlp_wide"]
     if args.smoke:  # no XLA: compiling dominates runs this short

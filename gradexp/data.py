@@ -101,7 +101,7 @@ def mnist1d_generated(seed: int) -> dict:
 # A generated dataset is a sampler: `sampler(d)` draws the task's fixed parts (cluster means, a
 # teacher network) and its fixed set of `num_examples` from `d.seed`, and returns
 # `sample(rng, n) -> (x, y)` with that fixed set. With `dataset.stream` the training batches
-# are drawn fresh at every step (`stream_batches`) and the whole fixed set is held out.
+# are drawn fresh at every step (`examples`) and the whole fixed set is held out.
 Sample = Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]]
 Sampler = tuple[Sample, tuple[np.ndarray, np.ndarray]]  # sample, the fixed set
 SAMPLERS = Registry("dataset", "sampler", "gradexp/data.py")  # the datasets that can stream
@@ -316,15 +316,10 @@ def load(d: DictConfig) -> Arrays:
     return Arrays(x[train], y[train], x[val], y[val], num_classes)
 
 
-# Batches prepared in background threads, a fixed number: with tf.data.AUTOTUNE, deleting an
-# iterator waited for its tuning thread, about a second each (a run deletes one per evaluation).
-AHEAD = 2
-
-
-def pipelines(a: Arrays, batch_size: int, seed: int, start_step: int = 0,
-              ahead: bool = True) -> tuple[tf.data.Dataset, tuple[tf.Tensor, tf.Tensor]]:
+def pipelines(a: Arrays, batch_size: int, seed: int,
+              start_step: int = 0) -> tuple[tf.data.Dataset, tuple[tf.Tensor, tf.Tensor]]:
     """Endless training batches (`training_batches`) and the validation set."""
-    return training_batches(a, batch_size, seed, start_step, ahead), validation_set(a)
+    return training_batches(a, batch_size, seed, start_step), validation_set(a)
 
 
 def epoch_order(seed, epoch, n: int) -> tf.Tensor:
@@ -354,7 +349,8 @@ def examples(a: Arrays, seeds, batch_size: int, first_step, steps: int):
     """The training batches of `steps` steps from `first_step` of runs of `seeds` ([K] int64),
     as (x_source, y_source, indices [K, steps, batch_size]): run k's batch of step first_step +
     1 + i is x_source[indices[k, i]] (and y_source's). The examples of a dataset held in memory
-    are its own arrays; a stream's are drawn for these steps (`stream_batches`' draws)."""
+    are its own arrays; a stream's are drawn for these steps, the batch of step t + 1 being
+    `a.stream(seed, t, batch_size)`."""
     if a.stream is None:
         check_batch_size(a, batch_size)
         indices = tf.map_fn(
@@ -377,61 +373,25 @@ def examples(a: Arrays, seeds, batch_size: int, first_step, steps: int):
     return x, y, tf.reshape(tf.range(k * steps * batch_size), [k, steps, batch_size])
 
 
-def training_batches(a: Arrays, batch_size: int, seed: int, start_step: int = 0,
-                     ahead: bool = True) -> tf.data.Dataset:
-    """Endless training batches, as a tf.data.Dataset (model.fit's input; the trainer draws
-    the same batches, a call's at a time, with `examples`).
-
-    Training order: epoch e is `epoch_order(seed, e)`; batches of `batch_size` run across epoch
-    boundaries. The order is a function of (seed, position) alone, so a resumed run starts at
-    the batch of `start_step` directly — no iterator state to save, and the same batches as an
-    uninterrupted run. `ahead`: prepare batches in background threads (prefetch).
-    """
-    if a.stream is not None:
-        return stream_batches(a, batch_size, seed, start_step, ahead)
-    check_batch_size(a, batch_size)
-    n = len(a.x_train)
-    x_train, y_train = tf.constant(a.x_train), tf.constant(a.y_train)
-    first_example = start_step * batch_size
+def training_batches(a: Arrays, batch_size: int, seed: int,
+                     start_step: int = 0) -> tf.data.Dataset:
+    """Endless training batches from the one of `start_step` + 1, as a tf.data.Dataset
+    (model.fit's input): the trainer's own (`examples`), drawn 64 steps' at a time."""
+    seeds, steps = tf.constant([seed], tf.int64), 64
 
     @tf.autograph.experimental.do_not_convert  # no control flow: tracing as written is faster
-    def order(epoch):
-        return tf.data.Dataset.from_tensor_slices(epoch_order(seed, epoch, n))
+    def block(first_step):
+        x, y, indices = examples(a, seeds, batch_size, first_step, steps)
+        return tf.data.Dataset.from_tensor_slices((tf.gather(x, indices[0]),
+                                                   tf.gather(y, indices[0])))
 
-    @tf.autograph.experimental.do_not_convert
-    def gather(i):
-        return tf.gather(x_train, i), tf.gather(y_train, i)
-
-    train = (tf.data.Dataset.range(first_example // n, 2**62)
-             .flat_map(order)
-             .skip(first_example % n)
-             .batch(batch_size, drop_remainder=True)
-             .map(gather))
-    return train.prefetch(AHEAD) if ahead else train
+    return tf.data.Dataset.range(start_step, 2**62, steps).flat_map(block).prefetch(2)
 
 
 def check_batch_size(a: Arrays, batch_size: int) -> None:
     if batch_size > len(a.x_train):
         raise ConfigError(f"trainer.batch_size={batch_size}: larger than the "
                           f"{len(a.x_train)} training examples")
-
-
-def stream_batches(a: Arrays, batch_size: int, seed: int, start_step: int,
-                   ahead: bool = True) -> tf.data.Dataset:
-    """Endless fresh batches: the batch of step t + 1 is `a.stream(seed, t, batch_size)`."""
-    x_spec = tf.TensorSpec((batch_size, *a.x_val.shape[1:]), tf.as_dtype(a.x_val.dtype))
-    y_spec = tf.TensorSpec((batch_size, *a.y_val.shape[1:]), tf.as_dtype(a.y_val.dtype))
-
-    @tf.autograph.experimental.do_not_convert
-    def batch(step):
-        x, y = tf.numpy_function(lambda t: a.stream(seed, int(t), batch_size), [step],
-                                 (x_spec.dtype, y_spec.dtype), stateful=False)
-        return tf.ensure_shape(x, x_spec.shape), tf.ensure_shape(y, y_spec.shape)
-
-    batches = tf.data.Dataset.range(start_step, 2**62)
-    if not ahead:
-        return batches.map(batch)
-    return batches.map(batch, num_parallel_calls=AHEAD, deterministic=True).prefetch(AHEAD)
 
 
 # Validation examples per forward pass of an evaluation. The held-out examples are tensors, not a

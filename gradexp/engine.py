@@ -19,7 +19,7 @@ One call (`train_steps`) trains up to `trainer.log_every` steps: the program loo
 its indices (gradexp/data.py `examples`), and returns one row of measurements per step and run;
 the last step of a call also measures the per-layer telemetry. Under a distribution strategy
 (one run) the loop is TensorFlow's and each step's forward and backward pass runs on every
-replica, their gradients summed before the update (`_mirrored_steps`).
+replica, their gradients summed before the update (`_run_step`).
 
 Each run computes with the shapes and operations of its own run, so a batch's numbers are its
 runs' alone, bit for bit (tests/test_batched.py compares metrics.csv byte for byte).
@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 from gradexp import data
-from gradexp._tf import tf
+from gradexp._tf import keras, tf
 from gradexp.measures import diverged
 from gradexp.step import State
 
@@ -77,9 +78,13 @@ class Engine:
         self.params = step.model.trainable_variables
         distributed = self.strategy.num_replicas_in_sync > 1
         self.backward = tf.function(step.backward, jit_compile=t.jit_compile, autograph=False)
-        self.part_steps = tf.function(self._mirrored_steps if distributed else self._part_steps,
-                                      jit_compile=t.jit_compile and not distributed,
-                                      autograph=False)
+        # the whole call one XLA program, or TensorFlow's loop around an XLA-compiled step
+        whole = t.jit_compile and not distributed and not (
+            run.where == "cpu" and has_convolutions(step.model))
+        self.part_steps = tf.function(self._part_steps, autograph=False, jit_compile=whole)
+        self.compiled_step = {measure: tf.function(
+            partial(self._one_step, measure=measure), autograph=False, jit_compile=True)
+            for measure in (True, False)} if t.jit_compile and not (whole or distributed) else {}
         self.train_steps = tf.function(self._train_steps, autograph=False)
         self.evaluate = tf.function(self._evaluate, autograph=False)
 
@@ -152,14 +157,25 @@ class Engine:
         """Step i of a part's active runs: S[k] ← step(S[k], its batch); the new state, its
         rows and (measuring) its gradients, else `grads` as they were."""
         def step(values, grads, indices):
-            state, row, new_grads = self.step.train(
-                self._state(values), tf.gather(x, indices[i]), tf.gather(y, indices[i]), measure)
-            return ([*state.model, *state.optimizer, *state.carry], row,
-                    list(new_grads) if measure else grads)
+            new, row, new_grads = self._run_step(values, tf.gather(x, indices[i]),
+                                                 tf.gather(y, indices[i]), measure)
+            return new, row, new_grads if measure else grads
 
         if not self.stacked:
             new, row, grads = step(values, grads, indices[0])
             return new, row[None], grads
+        if self.compiled_step:  # the runs written out, not a loop: see has_convolutions
+            slots = [step([v[k] for v in values], [g[k] for g in grads], indices[k])
+                     for k in range(self.size)]
+
+            def stacked(j, old):  # part j of every slot's result, a stopped run's as it was
+                return [tf.where(bcast(active, new), new, o) for new, o in
+                        zip((tf.stack(t) for t in zip(*(r[j] for r in slots), strict=True)),
+                            old, strict=True)]
+
+            rows = tf.stack([r[1] for r in slots])
+            return (stacked(0, values), tf.where(active[:, None], rows, float("nan")),
+                    stacked(2, grads))
 
         def one(args):  # a stopped run is not computed: its state and a row of NaN
             values, grads, indices, active = args
@@ -172,6 +188,37 @@ class Engine:
         return tf.map_fn(one, (values, grads, indices, active), fn_output_signature=shapes,
                          parallel_iterations=1)
 
+    def _run_step(self, values, x, y, measure: bool):
+        """One run's step on its state's values: (new values, row, gradients). Under a
+        distribution strategy the batch is split between the replicas, their forward and
+        backward passes (XLA-compiled under trainer.jit_compile: the cross-replica sum cannot
+        be) summed, and the update made once."""
+        state = self._state(values)
+        if self.strategy.num_replicas_in_sync == 1:
+            new, row, grads = self.step.train(state, x, y, measure)
+        else:
+            new, row, grads = self.step.update(state, self._replicated_backward(state, x, y),
+                                               measure)
+        return [*new.model, *new.optimizer, *new.carry], row, list(grads)
+
+    def _replicated_backward(self, state, x, y):
+        strategy = self.strategy
+        share = self.batch_size // strategy.num_replicas_in_sync
+
+        def split(t):
+            return strategy.experimental_distribute_values_from_function(
+                lambda ctx: t[ctx.replica_id_in_sync_group * share:
+                              (ctx.replica_id_in_sync_group + 1) * share])
+
+        def replica_backward(state, x, y):
+            b = self.backward(state, x, y)
+            sums = tf.distribute.get_replica_context().all_reduce(
+                "SUM", (b.grads, b.stats, b.loss_sum))
+            return b._replace(grads=sums[0], stats=sums[1], loss_sum=sums[2])
+
+        return strategy.experimental_local_results(
+            strategy.run(replica_backward, (state, split(x), split(y))))[0]
+
     def _still_active(self, active, rows):
         """`active` less the runs whose step diverged (measures.diverged, on the rows)."""
         if not self.stop_at_divergence:
@@ -181,69 +228,28 @@ class Engine:
                                   rows[:, self.names.index("grad_norm/global")], skipped,
                                   isfinite=tf.math.is_finite)
 
-    def _no_grads(self):
-        """Zeros in the shape of the gradients a part's step returns (a place for them)."""
-        lead = [self.size] if self.stacked else []
-        return [tf.zeros([*lead, *v.shape], v.dtype) for v in self.params]
-
     def _part_steps(self, values, x, y, indices, n, active):
         """The compiled program: up to n steps of a part's active runs (the last one measuring
         the telemetry and keeping its gradients), each run's batches x[indices[k, i]]; (new
         values, rows, steps done, gradients)."""
         def body(i, values, grads, active, done, rows):
             def one_step(measure):
-                return lambda: self._one_step(values, grads, x, y, indices, active, i, measure)
+                step = self.compiled_step.get(measure, partial(self._one_step, measure=measure))
+                return lambda: step(values, grads, x, y, indices, active, i)
 
             values, r, grads = tf.cond(i == n - 1, one_step(True), one_step(False))
             done = tf.where(active, i + 1, done)
             return i + 1, values, grads, self._still_active(active, r), done, rows.write(i, r)
 
-        return self._loop(body, values, n, active)
-
-    def _loop(self, body, values, n, active):
+        lead = [self.size] if self.stacked else []
         _, values, grads, _, done, rows = tf.while_loop(
             lambda i, values, grads, active, done, rows: (i < n) & tf.reduce_any(active), body,
-            (tf.constant(0), list(values), self._no_grads(), active,
-             tf.zeros_like(active, tf.int32),
+            (tf.constant(0), list(values), [tf.zeros([*lead, *v.shape], v.dtype)
+                                            for v in self.params],
+             active, tf.zeros_like(active, tf.int32),
              tf.TensorArray(tf.float32, size=self.n_max,
                             element_shape=[self.size, len(self.names)])))
         return values, rows.stack(), done, grads
-
-    def _mirrored_steps(self, values, x, y, indices, n, active):
-        """`_part_steps` of one run under a distribution strategy: each step's batch split
-        between the replicas, their forward and backward passes (XLA-compiled under
-        trainer.jit_compile: the cross-replica sum cannot be) summed, the update made once."""
-        strategy, replicas = self.strategy, self.strategy.num_replicas_in_sync
-        share = self.batch_size // replicas
-
-        def replica_backward(values, x, y):
-            b = self.backward(self._state(values), x, y)
-            context = tf.distribute.get_replica_context()
-            grads, stats, loss_sum = context.all_reduce("SUM", (b.grads, b.stats, b.loss_sum))
-            return b._replace(grads=grads, stats=stats, loss_sum=loss_sum)
-
-        def split(t):
-            return strategy.experimental_distribute_values_from_function(
-                lambda ctx: t[ctx.replica_id_in_sync_group * share:
-                              (ctx.replica_id_in_sync_group + 1) * share])
-
-        def body(i, values, grads, active, done, rows):
-            batch = [split(tf.gather(t, indices[0, i])) for t in (x, y)]
-            b = strategy.experimental_local_results(
-                strategy.run(replica_backward, (list(values), *batch)))[0]
-
-            def update(measure):
-                def then():
-                    state, row, new_grads = self.step.update(self._state(values), b, measure)
-                    return ([*state.model, *state.optimizer, *state.carry], row[None],
-                            list(new_grads) if measure else grads)
-                return then
-
-            values, r, grads = tf.cond(i == n - 1, update(True), update(False))
-            done = tf.where(active, i + 1, done)
-            return i + 1, values, grads, self._still_active(active, r), done, rows.write(i, r)
-
-        return self._loop(body, values, n, active)
 
     # --------------------------------------------------------------- evaluation, histograms
     def _evaluate(self, x_val, y_val):
@@ -264,6 +270,24 @@ class Engine:
                  for part in self.parts]
         return {name: tf.concat([p[i] for p in parts], 0)[:self.K]
                 for i, name in enumerate(names)}
+
+
+def bcast(active, like):
+    """active [K] shaped to broadcast against a stacked tensor `like` [K, ...]."""
+    return tf.reshape(active, [-1] + [1] * (like.shape.rank - 1))
+
+
+def has_convolutions(model) -> bool:
+    """Whether the model (or a model inside it) has a convolution layer: XLA on a CPU rewrites
+    a convolution into the form Eigen computes only outside a while loop, so inside one (the
+    whole call as one program) a 3×3 convolution's step took 40 ms against 0.6 ms (TensorFlow
+    2.21), and its numbers differed from the run's own. Such a model's step is compiled alone,
+    in TensorFlow's loop, and a batch's runs are written out in it one after another (each
+    computed, a stopped run's result left unused), not looped over."""
+    convolutions = tuple(getattr(keras.layers, name) for name in dir(keras.layers)
+                         if "Conv" in name)
+    return any(isinstance(layer, convolutions) or (layer is not model and has_convolutions(
+        layer)) for layer in getattr(model, "layers", []))
 
 
 def read(variables: list) -> list:
