@@ -88,7 +88,8 @@ def _setup(cfg):
     keras.utils.set_random_seed(cfg.seed)
     devices.precision(cfg.precision)
     arrays = data.load(cfg.dataset)
-    train_batches, validation = data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed)
+    train_batches = data.training_batches(arrays, cfg.trainer.batch_size, cfg.seed)
+    validation = data.validation_set(arrays)
     return arrays, train_batches, validation
 
 

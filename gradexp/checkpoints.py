@@ -1,11 +1,7 @@
-"""A run's state in variables, and on disk.
-
-The state is the model's variables, the optimizer's (with its loss scale under mixed_float16)
-and the carry: the clipping method's and the spike detector's state (gradexp/step.py), held
-between compiled calls in variables made here and saved under the checkpoint key `clipping`. A
-checkpoint is numbered by the step it was taken after. Nothing else needs saving: the training
-order is a function of (seed, step) (gradexp/data.py), and the step's randomness is seeded from
-the config. `resume=<run dir>` restores the latest checkpoint and carries on.
+"""A run's state in variables, and on disk: the model's variables, the optimizer's (with its loss
+scale under mixed_float16) and the carry (the clipping method's and the spike detector's state,
+gradexp/step.py, saved under the key `clipping`), numbered by the step it was taken after.
+Nothing else needs saving: the training order is a function of (seed, step) (gradexp/data.py).
 """
 
 from __future__ import annotations

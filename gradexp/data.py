@@ -1,4 +1,4 @@
-"""Datasets (arrays in memory) and their tf.data pipelines.
+"""Datasets (arrays in memory) and the training batches drawn from them.
 
 Each loader, registered by `@loader(name)` under its schema's name (gradexp/config/dataset.py),
 returns (x, y, num_classes), which `load` splits; num_classes None means regression (y is a
@@ -316,12 +316,6 @@ def load(d: DictConfig) -> Arrays:
     return Arrays(x[train], y[train], x[val], y[val], num_classes)
 
 
-def pipelines(a: Arrays, batch_size: int, seed: int,
-              start_step: int = 0) -> tuple[tf.data.Dataset, tuple[tf.Tensor, tf.Tensor]]:
-    """Endless training batches (`training_batches`) and the validation set."""
-    return training_batches(a, batch_size, seed, start_step), validation_set(a)
-
-
 def epoch_order(seed, epoch, n: int) -> tf.Tensor:
     """The order of the n training examples in epoch `epoch` (from 0) of a run of `seed`:
     argsort(stateless_uniform(n, seed=[seed, epoch])), a function of (seed, epoch) alone."""
@@ -331,10 +325,9 @@ def epoch_order(seed, epoch, n: int) -> tf.Tensor:
 
 
 def batch_indices(seed, n: int, batch_size: int, first_step, steps: int) -> tf.Tensor:
-    """[steps, batch_size]: the indices into the n training examples of the batches of steps
-    first_step + 1, ..., first_step + steps. Batches run across epoch boundaries: the batch of
-    step t holds the examples at positions (t − 1)·B ... t·B − 1 of the epochs' orders laid end
-    to end (`epoch_order`)."""
+    """[steps, B]: indices into the n training examples of the batches of steps first_step + 1
+    ... first_step + steps. The batch of step t: positions (t − 1)·B ... t·B − 1 of the epochs'
+    orders (`epoch_order`) laid end to end."""
     first = tf.cast(first_step, tf.int64) * batch_size
     count = steps * batch_size
     first_epoch = first // n
@@ -346,11 +339,9 @@ def batch_indices(seed, n: int, batch_size: int, first_step, steps: int) -> tf.T
 
 
 def examples(a: Arrays, seeds, batch_size: int, first_step, steps: int):
-    """The training batches of `steps` steps from `first_step` of runs of `seeds` ([K] int64),
-    as (x_source, y_source, indices [K, steps, batch_size]): run k's batch of step first_step +
-    1 + i is x_source[indices[k, i]] (and y_source's). The examples of a dataset held in memory
-    are its own arrays; a stream's are drawn for these steps, the batch of step t + 1 being
-    `a.stream(seed, t, batch_size)`."""
+    """The batches of `steps` steps from `first_step` of runs of `seeds` ([K]) as (x_source,
+    y_source, indices [K, steps, B]): run k's batch of step first_step + 1 + i is
+    x_source[indices[k, i]]. A stream's batch of step t + 1 is `a.stream(seed, t, B)`."""
     if a.stream is None:
         check_batch_size(a, batch_size)
         indices = tf.map_fn(

@@ -1,28 +1,17 @@
-"""K runs of one structure trained by one compiled program: a run alone is K = 1; a sweep's runs
-that differ only in their seed, clip bounds and learning rate are K > 1 (`hydra/launcher=gradexp`),
-one dispatch per call for all of them.
+"""K runs of one structure trained by one compiled program: a run alone is K = 1, a sweep's runs
+that differ only in seed, clip bounds and learning rate K > 1 (`hydra/launcher=gradexp`).
 
-A run's state is a value (gradexp/step.py `State`). Alone, it lives in the run's own variables
-(its model's, its optimizer's and its carry's). In a batch each variable i is stacked along a
-new first axis,
+A run's state is a value (gradexp/step.py `State`): alone, it lives in the run's own variables;
+in a batch each variable i is stacked along a new first axis, S_i = stack_k(v_i of run k), and
+the step runs for each k in turn inside the program (tf.map_fn: a loop in the program, not K
+dispatches): S[k] ← step(S[k], x_k, y_k), x_k, y_k run k's own batch. A stopped run (it
+diverged) is no longer computed. On a CPU the runs are split into one part per core, each part
+a call of the one program, the parts of a call run at once.
 
-    S_i = stack_k(v_i of run k)        for every variable i of model, optimizer and carry,
-
-and the step runs for each k in turn inside the compiled program (tf.map_fn: a loop in the
-program, not K dispatches): S[k] ← step(S[k], x_k, y_k), with x_k, y_k run k's own batch. A run
-that has stopped (it diverged) is no longer computed and keeps its state. On a CPU the K runs
-are split into one part per core, each part its own call of the one compiled program, and the
-parts of a call run at once.
-
-One call (`train_steps`) trains up to `trainer.log_every` steps: the program loops over them
-(an XLA while loop under trainer.jit_compile), each run gathering its batches from the data by
-its indices (gradexp/data.py `examples`), and returns one row of measurements per step and run;
-the last step of a call also measures the per-layer telemetry. Under a distribution strategy
-(one run) the loop is TensorFlow's and each step's forward and backward pass runs on every
-replica, their gradients summed before the update (`_run_step`).
-
-Each run computes with the shapes and operations of its own run, so a batch's numbers are its
-runs' alone, bit for bit (tests/test_batched.py compares metrics.csv byte for byte).
+One call (`train_steps`) trains up to `trainer.log_every` steps, an XLA while loop under
+trainer.jit_compile, each run gathering its batches by its indices (gradexp/data.py `examples`);
+its last step also measures the telemetry. Each run computes with its own run's shapes and
+operations: a batch's numbers are its runs' alone, bit for bit (tests/test_batched.py).
 """
 
 from __future__ import annotations
@@ -45,16 +34,14 @@ def parts_for(runs: int, where: str) -> int:
 
 def own_variables(run) -> list:
     """A run's state as variables, in State order: model, optimizer, carry."""
-    return [*run.step.variables, *run.carry]
+    return [*run.step.variables, *run.state.carry]
 
 
 class Engine:
-    """The compiled functions on the state of K runs of one structure (the first run, `run`,
-    traces them): `train_steps(first_step, n, active)` -> (rows [n_max, K, names], steps done
-    per run, each run's parameter gradients at the call's last step, stacked when K > 1);
-    `evaluate(x_val, y_val)` -> {name: [K]}; `load(runs)` (the runs' values into the stacked
-    state) and `sync(*ks)` (the stacked state back into runs ks' own variables, to
-    checkpoint)."""
+    """The compiled functions on K runs' state, traced on the first run, `run`:
+    `train_steps(first_step, n, active)` -> (rows [n_max, K, names], steps done per run, the
+    gradients of each run's last step); `evaluate(x_val, y_val)` -> {name: [K]}; `load(runs)`
+    and `sync(*ks)` (the stacked state from and to the runs' own variables)."""
 
     def __init__(self, run, K: int):
         step, t = run.step, run.cfg.trainer
@@ -89,10 +76,9 @@ class Engine:
         self.evaluate = tf.function(self._evaluate, autograph=False)
 
     def compile_ahead(self) -> Future:
-        """Trace a part's program here and call it once, for no step, in a thread on the first
-        part's state: XLA compiles it there (C++, without the GIL) while this thread sets up the
-        batch's other runs. The program is pure: the call writes nothing. It is called from a
-        function, as `train_steps` calls it (called eagerly it would be another program)."""
+        """Call a part's program for no step in a thread, so that XLA compiles it (C++, without
+        the GIL) while this thread sets up the other runs; pure, it writes nothing. Called from
+        a function, as `train_steps` calls it (called eagerly it is another program)."""
         slots = len(self.parts) * self.size
         x, y, indices = data.examples(self.arrays, tf.zeros([slots], tf.int64), self.batch_size,
                                       tf.constant(0, tf.int64), self.n_max)
@@ -103,8 +89,7 @@ class Engine:
 
     # ------------------------------------------------------------------------------ state
     def load(self, runs: list) -> None:
-        """Take the runs' state from their own variables (run k in slot k, padding slots a
-        copy of the last run's)."""
+        """The runs' state from their own variables (run k in slot k, padding: the last's)."""
         self.runs = list(runs)
         slots = len(self.parts) * self.size
         self.seeds.assign([runs[min(k, self.K - 1)].cfg.seed for k in range(slots)])
@@ -117,8 +102,7 @@ class Engine:
                                                                     (p + 1) * self.size]]))
 
     def sync(self, *ks: int) -> None:
-        """Copy runs ks' state into their own variables (to checkpoint), through one host copy
-        of each stacked variable of their parts."""
+        """Runs ks' state into their own variables (to checkpoint), one host copy a part."""
         if not self.stacked:
             return
         for p in sorted({k // self.size for k in ks}):
@@ -133,8 +117,7 @@ class Engine:
 
     # ------------------------------------------------------------------------- training
     def _train_steps(self, first_step, n, active):
-        """Up to n steps of the active runs from `first_step` (all at the same step), each part
-        a call of the compiled `part_steps`; a run stops after a step that diverged."""
+        """Up to n steps of the active runs from `first_step`, a call of `part_steps` a part."""
         slots = len(self.parts) * self.size
         active = tf.concat([active, tf.zeros([slots - self.K], tf.bool)], 0)  # padding: idle
         x, y, indices = data.examples(self.arrays, self.seeds, self.batch_size, first_step,
@@ -189,10 +172,9 @@ class Engine:
                          parallel_iterations=1)
 
     def _run_step(self, values, x, y, measure: bool):
-        """One run's step on its state's values: (new values, row, gradients). Under a
-        distribution strategy the batch is split between the replicas, their forward and
-        backward passes (XLA-compiled under trainer.jit_compile: the cross-replica sum cannot
-        be) summed, and the update made once."""
+        """One run's step on its values: (new values, row, gradients). Under a distribution
+        strategy the replicas' forward and backward passes on their shares of the batch
+        (XLA-compiled; the cross-replica sum cannot be) are summed, the update made once."""
         state = self._state(values)
         if self.strategy.num_replicas_in_sync == 1:
             new, row, grads = self.step.train(state, x, y, measure)
@@ -229,9 +211,8 @@ class Engine:
                                   isfinite=tf.math.is_finite)
 
     def _part_steps(self, values, x, y, indices, n, active):
-        """The compiled program: up to n steps of a part's active runs (the last one measuring
-        the telemetry and keeping its gradients), each run's batches x[indices[k, i]]; (new
-        values, rows, steps done, gradients)."""
+        """The program: up to n steps of a part's runs (the last measuring the telemetry and
+        keeping its gradients); (new values, rows, steps done, gradients)."""
         def body(i, values, grads, active, done, rows):
             def one_step(measure):
                 step = self.compiled_step.get(measure, partial(self._one_step, measure=measure))
@@ -253,19 +234,15 @@ class Engine:
 
     # --------------------------------------------------------------- evaluation, histograms
     def _evaluate(self, x_val, y_val):
-        """Every run's evaluation, the first run's `evaluate` on each run's state: a loop over
-        each part's slots in one program, the parts independent (padding slots evaluated too)."""
+        """Every run's evaluation, a loop over each part's slots in one program."""
         names, models = self.step.val_names, self.counts[0]
-        if not self.stacked:
-            measured = self.step.evaluate(read(self.parts[0][:models]),
-                                          x_val, y_val)
-            return {name: measured[name][None] for name in names}
 
         def one(values):
             measured = self.step.evaluate(values, x_val, y_val)
             return [measured[name] for name in names]
 
-        parts = [tf.map_fn(one, read(part[:models]), parallel_iterations=1,
+        parts = [tf.map_fn(one, [v if self.stacked else v[None] for v in read(part[:models])],
+                           parallel_iterations=1,
                            fn_output_signature=[tf.TensorSpec([], tf.float32)] * len(names))
                  for part in self.parts]
         return {name: tf.concat([p[i] for p in parts], 0)[:self.K]
@@ -278,12 +255,10 @@ def bcast(active, like):
 
 
 def has_convolutions(model) -> bool:
-    """Whether the model (or a model inside it) has a convolution layer: XLA on a CPU rewrites
-    a convolution into the form Eigen computes only outside a while loop, so inside one (the
-    whole call as one program) a 3×3 convolution's step took 40 ms against 0.6 ms (TensorFlow
-    2.21), and its numbers differed from the run's own. Such a model's step is compiled alone,
-    in TensorFlow's loop, and a batch's runs are written out in it one after another (each
-    computed, a stopped run's result left unused), not looped over."""
+    """Whether the model (or one inside it) has a convolution layer. XLA on a CPU rewrites a
+    convolution into the form Eigen computes only outside a while loop (a 3×3 convolution's
+    step: 40 ms inside one, 0.6 ms outside, TensorFlow 2.21), so such a model's step is compiled
+    alone in TensorFlow's loop, and a batch's runs are written out in it, not looped over."""
     convolutions = tuple(getattr(keras.layers, name) for name in dir(keras.layers)
                          if "Conv" in name)
     return any(isinstance(layer, convolutions) or (layer is not model and has_convolutions(

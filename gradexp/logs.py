@@ -17,7 +17,7 @@ import csv
 import os
 import socket
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -247,10 +247,8 @@ class EventWriter:
 
 
 def histogram_pb(tag: str, data):
-    """TensorBoard's `histogram_pb` (tensorboard.plugins.histogram.summary_v2), the same proto
-    for the same data, its buckets counted with np.bincount: TensorBoard's one-hot matrix of
-    n × 30 took 2.3 ms for the default MLP's gradients, against 0.2 ms (a histogram is written
-    every trainer.histogram_every steps)."""
+    """TensorBoard's `histogram_pb`, the same proto for the same data, its buckets counted with
+    np.bincount (its one-hot n × 30 matrix: 2.3 ms for the default MLP's gradients, this 0.4)."""
     from tensorboard.plugins.histogram import summary_v2 as histogram
 
     data = np.asarray(data, dtype=float).reshape(-1)
@@ -267,35 +265,36 @@ def histogram_pb(tag: str, data):
     return summary
 
 
-# One thread writes every run's table and event files, in the order the writes were asked for,
-# while the training loop is in its next compiled call (which runs without the GIL): formatting
-# a call's rows took 10-20% of a small model's steps when the loop waited for it. The writes a
-# call's bookkeeping asks for wait until `release()`, which the loop calls as it starts the next
-# call: begun at once, they took the GIL from the loop's own bookkeeping (1.2 against 0.3 ms a
-# call).
+# One thread writes every run's table and event files, in order, while the loop is in its next
+# compiled call (which runs without the GIL): formatting a call's rows took 10-20% of a small
+# model's steps in the loop. The writes wait for `release()`, which the loop calls as it starts
+# the next call: begun at once, they took the GIL from the loop (1.2 against 0.3 ms a call).
 _WRITER = ThreadPoolExecutor(1, thread_name_prefix="gradexp-writer")
-_HELD: list = []  # (future, work, args) not yet handed to the writer
+_HELD: list = []  # (work, args) not yet handed to the writer
+_LAST: list = [None]  # the writer's last task: a failed write (a full disk) is raised from it
 
 
 def release() -> None:
     """Hand the writes asked for so far to the writer thread."""
-    while _HELD:
-        future, work, args = _HELD.pop(0)
-        _WRITER.submit(_run, future, work, args)
+    if _LAST[0] is not None and _LAST[0].done():
+        _LAST[0].result()
+    if _HELD:
+        works = list(_HELD)
+        _HELD.clear()
+        _LAST[0] = _WRITER.submit(lambda: [work(*args) for work, args in works])
 
 
-def _run(future: Future, work, args) -> None:
-    try:
-        future.set_result(work(*args))
-    except BaseException as exc:  # noqa: BLE001  raised where the run waits for it
-        future.set_exception(exc)
+def flush() -> None:
+    """Wait until everything asked for is written (raising what a write raised)."""
+    release()
+    if _LAST[0] is not None:
+        _LAST[0].result()
 
 
 class RunLog:
-    """The writers of one run directory. `names` are the per-step measurements, in row order;
-    the last of them, `telemetry`, are measured only at some steps (`steps`' `measured`).
-    Writing happens in a background thread: `flush()` waits for it (before a checkpoint, so
-    that the table holds every step the checkpoint has)."""
+    """The writers of one run directory. `names`: the per-step measurements, in row order, the
+    last of them `telemetry`, measured only at some steps. Writes happen in the writer thread:
+    `flush()` waits for them (before a checkpoint: the table holds every step it has)."""
 
     def __init__(self, run_dir: Path, names: list[str], cfg: DictConfig, start_step: int = 0,
                  val_names: tuple[str, ...] = VAL_COLUMNS, telemetry: tuple[str, ...] = ()):
@@ -313,7 +312,6 @@ class RunLog:
         self._row_format = ",".join(["%d"] + ["%.9g"] * self.every_step
                                     + ["%s"] * (len(self.telemetry) + len(self.val_names))) + "\n"
         self._blank = [""] * (len(self.telemetry) + len(self.val_names))
-        self._last: Future | None = None
         self.events = EventWriter(run_dir)
         if start_step:
             self.events.write(purge_event(start_step))
@@ -330,24 +328,16 @@ class RunLog:
         return [np.float32(row[column] or "nan") for row in self._past_rows]
 
     def _write(self, work, *args) -> None:
-        if self._last is not None and self._last.done():
-            self._last.result()  # a failed write (a full disk) is raised here, in the loop
-        self._last = Future()
-        _HELD.append((self._last, work, args))
+        _HELD.append((work, args))
 
     def flush(self) -> None:
-        """Wait until everything asked for is written (raising what a write raised)."""
-        release()
-        if self._last is not None:
-            self._last.result()
+        flush()
 
     def steps(self, steps: np.ndarray, rows: np.ndarray, val: dict[str, float] | None,
               measured: bool = False) -> None:
-        """Record measured steps (`rows[i]` belongs to `steps[i]`); `val` to the last of them,
-        and with `measured` the telemetry's columns of the last row (blank in the others).
-
-        The table gets `%.9g`: nine significant digits, read back as float32, give back every
-        float32 exactly (summarize and a resumed run read it so)."""
+        """Record steps (`rows[i]` at `steps[i]`); `val` at the last, and with `measured` its
+        telemetry (blank in the other rows). `%.9g`: nine significant digits give back every
+        float32 exactly (summarize and a resumed run read them so)."""
         if len(rows):
             self._write(self._steps, steps, rows, val, measured)
 

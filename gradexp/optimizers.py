@@ -47,21 +47,18 @@ Update = Callable[[list, list, list], tuple[list, list]]
 
 def stateless_update(optimizer, params: list) -> Update:
     """`update(optimizer_values, grads, param_values) -> (param_values, optimizer_values)`:
-    Keras's `optimizer.stateless_apply` for an optimizer built on `params` — the new values of
-    its state and of the parameters, its variables untouched — under the TensorFlow backend too.
+    Keras's `optimizer.stateless_apply` for an optimizer built on `params`, its variables
+    untouched, under the TensorFlow backend too.
 
-    Keras defines stateless_apply once, in BaseOptimizer, for every optimizer: it maps the
-    variables to the values given (a keras.StatelessScope) and runs the optimizer's own
-    `apply`, whose `update_step` writes through `self.assign*`. The TensorFlow backend's
-    TFOptimizer refuses it ("incompatible with tf.distribute") and overrides the writes and the
-    per-variable loop to go to tf.Variables through tf.distribute's cross-replica update (Keras
-    3.15: keras/src/backend/tensorflow/optimizer.py). While the returned function runs, those
-    overrides give way to BaseOptimizer's (assign, assign_add, assign_sub, the update loop,
-    weight decay, stateless_apply itself) and the variables' keys, which TFOptimizer reads from
-    their values, are the ones computed here beforehand: the arithmetic is the optimizer's own,
-    for any Keras optimizer (a LossScaleOptimizer keeps its own stateless_apply and hands the
-    inner one this path). One run's state, on one device: a distribution strategy updates its
-    variables the TensorFlow way (gradexp/step.py)."""
+    Keras defines stateless_apply once, in BaseOptimizer: the variables mapped to the values
+    (a keras.StatelessScope), the optimizer's own `apply`, whose `update_step` writes through
+    `self.assign*`. The TensorFlow backend's TFOptimizer refuses it ("incompatible with
+    tf.distribute") and routes those writes to tf.Variables (Keras 3.15:
+    keras/src/backend/tensorflow/optimizer.py). While `update` runs, BaseOptimizer's own
+    assign, assign_add, assign_sub, update loop, weight decay and stateless_apply stand again,
+    and the variables' keys (TFOptimizer reads them from the values) are computed beforehand:
+    the arithmetic is the optimizer's own, for any Keras optimizer (a LossScaleOptimizer keeps
+    its stateless_apply and hands the inner one this path)."""
     from keras.src.optimizers.base_optimizer import BaseOptimizer
 
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)

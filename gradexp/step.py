@@ -1,19 +1,18 @@
 """One run's training step as pure functions of its state: `make_step` builds the model, its
 optimizer, clipping method and spike detector, and returns them with the functions a run is
-trained, evaluated and measured by, as one immutable `Step`.
+trained and evaluated by, as one immutable `Step`.
 
-A run's state is a value, `State(model, optimizer, carry)`: the values of the model's variables,
-of the optimizer's, and what else a step carries from one step to the next (the clipping
-method's state, then the spike detector's), as optax carries a transformation's state. One step,
+A run's state is a value, `State(model, optimizer, carry)`: the values of the model's and the
+optimizer's variables, and the carry (the clipping method's state, then the spike detector's),
+as optax carries a transformation's state. One step,
 
-    state, row = step.train(state, x, y, measure)
+    state, row, grads = step.train(state, x, y, measure)
 
-is `backward` (forward and backward on a batch: gradients, the clip layers' statistics, the
-loss) then `update` (parameter clipping, the spike test, the optimizer's update through Keras's
-stateless_apply), and returns its measurements as one row of `names` (big_vision's `update_fn`
-style). Nothing in it writes a variable, so the same function trains one run or, mapped over a
-stack of states, many (gradexp/engine.py). The per-layer telemetry (`TELEMETRY` columns) is
-computed only when `measure` is true; its columns are NaN otherwise.
+is `backward` (forward and backward: gradients, the clip layers' statistics, the loss) then
+`update` (parameter clipping, the spike test, the optimizer's update through Keras's
+stateless_apply), its measurements one row of `names` (big_vision's `update_fn` style). It
+writes no variable: the same function trains one run or, mapped over stacked states, many
+(gradexp/engine.py). The telemetry's columns are measured only when `measure` (else NaN).
 """
 
 from __future__ import annotations
@@ -41,9 +40,8 @@ class State(NamedTuple):
 
 
 class Backward(NamedTuple):
-    """What the forward and backward pass of a batch give: the parameters' gradients (of the
-    scaled loss under mixed precision), the clip layers' statistics, the summed loss and the
-    model's values after the forward pass (its non-trainable variables may move there)."""
+    """A forward and backward pass: the parameters' gradients (of the scaled loss under mixed
+    precision), the clip layers' statistics, the summed loss, the model's values after it."""
 
     grads: list
     stats: list
@@ -53,9 +51,8 @@ class Backward(NamedTuple):
 
 @dataclass(frozen=True)
 class Step:
-    """What a run trains with (see the module docstring). `carry_names`: the carry's parts, as a
-    checkpoint names them; `initial_carry()` their values before the first step;
-    `evaluate(model_values, x_val, y_val)` -> {name: value for name in val_names}."""
+    """What a run trains with (the module docstring). `carry_names`: the carry's parts, as a
+    checkpoint names them; `evaluate(model_values, x_val, y_val)` -> {name: value}."""
 
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
@@ -69,21 +66,18 @@ class Step:
     evaluate: Callable
 
     def train(self, state: State, x, y, measure: bool = False) -> tuple[State, tf.Tensor, list]:
-        """One step on one device: `update(state, backward(state, x, y), measure)`: the new
-        state, the step's row, and the parameters' gradients (before parameter clipping, in
-        true units: gradient histograms show them)."""
+        """One step on one device: the new state, its row, and the parameters' gradients
+        (before parameter clipping, in true units: the gradient histograms')."""
         return self.update(state, self.backward(state, x, y), measure)
 
     @property
     def variables(self) -> list:
-        """The variables a run's state is read from and written to: the model's, then the
-        optimizer's (the carry's are the run's own: gradexp/train.py)."""
+        """The model's variables, then the optimizer's (the carry's: gradexp/checkpoints.py)."""
         return [*self.model.variables, *self.optimizer.variables]
 
 
 def make_step(cfg: DictConfig, arrays, strategy=None) -> Step:
-    """The model of `cfg` for `arrays`' shapes (built under `strategy`), and the functions that
-    train, evaluate and measure it (see Step)."""
+    """The model of `cfg` for `arrays`' shapes (built under `strategy`) and its Step."""
     t = cfg.trainer
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():

@@ -1,9 +1,7 @@
-"""Stopping cleanly when asked: SIGINT and SIGTERM during training set a flag that the training
-loop reads between compiled calls (every `trainer.log_every` steps at most): it flushes the
-logs, saves a checkpoint and marks the run interrupted. A second SIGINT stops at once. SIGUSR2,
-a scheduler's notice (submitit's requeue on pre-emption or time-out), does the same before its
-own handler runs. A process that stopped a run this way exits with `exit_status(signal)`, as a
-shell reports a process a signal ended. The standard library only: launchers import it.
+"""Stopping cleanly when asked: SIGINT and SIGTERM set a flag the training loop reads between
+compiled calls: it flushes the logs, checkpoints and marks the run interrupted (a second SIGINT
+stops at once; SIGUSR2, a scheduler's notice, the same before its own handler runs). The process
+then exits with `exit_status(signal)`. The standard library only: launchers import it.
 """
 
 from __future__ import annotations

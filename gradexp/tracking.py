@@ -85,7 +85,7 @@ class Tracker:
             self.runlog.histograms(step, self.gradients())
         if t.checkpoint_every and step % t.checkpoint_every == 0:
             self.save(step)
-        self.log.info(progress(step, t.steps, rows, names, val, len(rows) / seconds))
+        self.log.info("  ".join(progress(step, t.steps, rows, names, val, len(rows) / seconds)))
 
     def result(self, stopped_by: int | None) -> LoopResult:
         timed = ((self.step - self.first_step, time.perf_counter() - self.timed_from)
@@ -108,9 +108,9 @@ def first_diverged_step(steps, rows, names, first_loss, factor) -> int | None:
     return None if np.isnan(step) else int(step)
 
 
-def progress_parts(step, steps, rows, names, val) -> list[str]:
-    """The parts of a progress line that say where training is: step, mean loss of the last
-    steps, validation accuracy (regression: loss) and error rate, clip fraction."""
+def progress(step, steps, rows, names, val, rate=None) -> list[str]:
+    """A progress line's parts: step, mean loss of the last steps, validation accuracy
+    (regression: loss) and error rate, clip fraction, speed (steps/s, if `rate`)."""
     parts = [f"step {step:>{len(str(steps))}}/{steps}",
              f"loss {np.mean(rows[:, names.index('loss/train')]):.4f}"]
     if val and np.isfinite(val["accuracy/val"]):
@@ -122,12 +122,7 @@ def progress_parts(step, steps, rows, names, val) -> list[str]:
     fractions = [i for i, n in enumerate(names) if n.startswith("clip_fraction/")]
     if fractions:
         parts.append(f"clipped {100 * np.mean(rows[:, fractions]):.1f}%")
-    return parts
-
-
-def progress(step, steps, rows, names, val, rate) -> str:
-    """One line: `progress_parts` and the speed."""
-    return "  ".join([*progress_parts(step, steps, rows, names, val), f"{rate:.0f} steps/s"])
+    return parts + ([f"{rate:.0f} steps/s"] if rate is not None else [])
 
 
 def run_summary(r: LoopResult, cfg: DictConfig, overrides, where: str, wall: float) -> dict:

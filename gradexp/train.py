@@ -32,7 +32,7 @@ from gradexp.tracking import (
     LoopResult,
     Tracker,
     final_line,
-    progress_parts,
+    progress,
     run_summary,
     steps_to_next_event,
 )
@@ -175,22 +175,16 @@ def train_batch(jobs: list[Job]) -> list[dict]:
     goes on; a batch that crashes raises (the launcher then trains its runs one by one)."""
     loggers = [run_logger(job) for job in jobs]
     try:
+        return train_runs(jobs, loggers=loggers)
+    except Exception as exc:
         if len(jobs) > 1:
-            return train_runs(jobs, loggers=loggers)
-        return [alone(jobs[0], loggers[0])]
+            raise
+        return [failed(exc, jobs[0])]
     finally:
         for logger in loggers:  # a sweep of many batches keeps no file open
             for handler in logger.handlers:
                 handler.close()
             logger.handlers.clear()
-
-
-def alone(job: Job, logger: logging.Logger) -> dict:
-    """One run of a sweep trained on its own; a crash is recorded and the sweep goes on."""
-    try:
-        return train_runs([job], loggers=[logger])[0]
-    except Exception as exc:
-        return failed(exc, job)
 
 
 def run_logger(job: Job) -> logging.Logger:
@@ -275,8 +269,7 @@ def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
                     tracker.record(rows[:steps[k], k], seconds, measured=steps[k] == n)
             if K > 1:
                 ran = np.concatenate([rows[:steps[k], k] for k in range(K) if going[k]])
-                log.info("  ".join([*progress_parts(step + len(ran) // sum(going), t.steps, ran,
-                                                    engine.names, None),
+                log.info("  ".join([*progress(step + max(steps), t.steps, ran, engine.names, None),
                                     f"{sum(tr.going() for tr in trackers)} of {K} runs going",
                                     f"{max(steps) / seconds:.0f} steps/s per run"]))
     engine.sync(*range(K))
@@ -303,10 +296,6 @@ class Run:
     first: int  # the step it starts from (a resumed run's checkpoint)
     runlog: object  # gradexp.logs.RunLog
     logger: logging.Logger
-
-    @property
-    def carry(self) -> list:
-        return self.state.carry
 
 
 def start(job: Job, resume: bool = False, arrays=None, free_memory: bool = True,

@@ -104,7 +104,7 @@ def initial_weights_and_batches(cfg):
     weights = [tuple(np.asarray(v, np.float64) for v in (model.get_layer(n).kernel,
                                                           model.get_layer(n).bias))
                for n in LAYERS]
-    batches = iter(data.pipelines(arrays, cfg.trainer.batch_size, cfg.seed)[0])
+    batches = iter(data.training_batches(arrays, cfg.trainer.batch_size, cfg.seed))
     return weights, [tuple(np.asarray(t) for t in next(batches)) for _ in range(2)]
 
 

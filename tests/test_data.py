@@ -250,8 +250,8 @@ def test_a_stream_resumed_at_a_step_draws_what_an_uninterrupted_one_would(make_c
     d = dataset(make_cfg, "adding", "dataset.num_examples=50", "dataset.length=10",
                 "dataset.stream=true")
     a = data.load(d)
-    whole, _ = data.pipelines(a, batch_size=4, seed=3)
-    later, _ = data.pipelines(a, batch_size=4, seed=3, start_step=5)
+    whole = data.training_batches(a, batch_size=4, seed=3)
+    later = data.training_batches(a, batch_size=4, seed=3, start_step=5)
     batches = [x.numpy() for x, _ in whole.take(8)]
     for k, (x, _) in enumerate(later.take(3)):
         np.testing.assert_array_equal(x.numpy(), batches[5 + k])

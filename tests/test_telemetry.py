@@ -32,7 +32,7 @@ def test_each_per_layer_norm_equals_one_computed_by_hand(make_cfg, tmp_path, opt
     run, engine = started(cfg, tmp_path, 1)
     compiled, arrays = run.step, run.arrays
     params = compiled.model.trainable_variables
-    train_batches, _ = data.pipelines(arrays, 32, cfg.seed)
+    train_batches = data.training_batches(arrays, 32, cfg.seed)
     x, y = next(iter(train_batches))  # the batch of step 1: the order is a function of the seed
     before = [v.numpy().copy() for v in params]
     with tf.GradientTape() as tape:
@@ -167,7 +167,7 @@ def test_the_step_feeds_its_spike_detector_the_loss_and_norm_it_logs(make_cfg, t
     expected, mean, var = spike_reference(series, 1.0, 10, cfg.trainer.spike_alpha)
     np.testing.assert_array_equal(column["spike_skipped"] == 1, expected)
     assert 0 < expected.sum() < 50
-    seen, detector_mean, detector_var = (v.numpy() for v in run.carry)
+    seen, detector_mean, detector_var = (v.numpy() for v in run.state.carry)
     assert seen == 60 - expected.sum()
     np.testing.assert_allclose(detector_mean, mean, rtol=1e-5)
     np.testing.assert_allclose(detector_var, var, rtol=1e-4)

@@ -251,7 +251,7 @@ def test_the_pure_step_is_the_engines_compiled_step(make_cfg, tmp_path):
     variables = own_variables(run)
     start = [v.numpy().copy() for v in variables]
     counts = (len(run.step.model.variables), len(run.step.variables))
-    batches, _ = data.pipelines(run.arrays, cfg.trainer.batch_size, cfg.seed)
+    batches = data.training_batches(run.arrays, cfg.trainer.batch_size, cfg.seed)
 
     @tf.function
     def pure(values, x, y, measure):

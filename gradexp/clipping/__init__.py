@@ -19,25 +19,18 @@ scalars:
     clipped      1.0 if the method changed a gradient this step, else 0.0
 
 Non-finite gradients stay visible: when ‖g‖ is inf or NaN, every method returns the gradients
-unchanged (Keras would turn them into NaN, or clip ±inf to the bound) and the adaptive methods leave
-their state alone, so that one overflow does not poison their statistics for the rest of the run.
-(A norm that overflows float32 while every element is finite, ≳1e19 per element, counts as
-non-finite too.)
+unchanged (Keras would make them NaN, or clip ±inf to the bound) and the adaptive methods leave
+their state alone, so one overflow does not poison their statistics (a norm that overflows
+float32 while every element is finite, ≳1e19 per element, counts as non-finite too).
 
 Activation clipping (gradexp/layers.py) is another thing: it clips dy, elementwise, where the
-backward pass crosses a chosen position in the model, so everything upstream is computed from the
-clipped signal. Parameter clipping acts once backprop is over, on the parameters' gradients.
-
-Distribution: nothing here calls a tf.distribute API. Under a strategy, call `update` on the
-all-reduced gradients (every replica then computes the same state). Keras 3's own clipvalue,
-clipnorm and global_clipnorm act inside `optimizer.apply` before its all-reduce, i.e. on each
-replica's gradients.
-
-Layout: common.py holds what every method shares (the METHODS registry, `Method`, the global
-norm, the stats); each other module is one family of methods, its formulas and references in its
-docstring, and registers them under their names in conf/clipping/. This package imports every
-module in it, so a new method is its module, its YAML, its schema (gradexp/config/clipping.py)
-and its test, with no list to edit.
+backward pass crosses a chosen position, so everything upstream is computed from the clipped
+signal; parameter clipping acts once backprop is over, on the parameters' gradients. Under a
+distribution strategy `update` takes the all-reduced gradients (Keras 3's own clipvalue,
+clipnorm and global_clipnorm act inside `optimizer.apply` before its all-reduce, on each
+replica's). common.py holds what every method shares; each other module is one family, its
+formulas and references in its docstring, registering its methods under their names in
+conf/clipping/ (the package imports every module in it: no list to edit).
 """
 
 from __future__ import annotations
