@@ -136,19 +136,19 @@ class Engine:
         return tf.concat(rows, 1)[:, :self.K], tf.concat(done, 0)[:self.K], grads[0] if (
             not self.stacked) else grads
 
-    def _one_step(self, values, grads, x, y, indices, active, i, measure: bool):
-        """Step i of a part's active runs: S[k] ← step(S[k], its batch); the new state, its
-        rows and (measuring) its gradients, else `grads` as they were."""
-        def step(values, grads, indices):
-            new, row, new_grads = self._run_step(values, tf.gather(x, indices[i]),
-                                                 tf.gather(y, indices[i]), measure)
+    def _one_step(self, values, grads, x, y, active, measure: bool):
+        """A step of a part's active runs, x[k], y[k] run k's batch: S[k] ← step(S[k], x[k],
+        y[k]); the new state, its rows and (measuring) its gradients, else `grads` as they
+        were."""
+        def step(values, grads, x, y):
+            new, row, new_grads = self._run_step(values, x, y, measure)
             return new, row, new_grads if measure else grads
 
         if not self.stacked:
-            new, row, grads = step(values, grads, indices[0])
+            new, row, grads = step(values, grads, x[0], y[0])
             return new, row[None], grads
         if self.compiled_step:  # the runs written out, not a loop: see has_convolutions
-            slots = [step([v[k] for v in values], [g[k] for g in grads], indices[k])
+            slots = [step([v[k] for v in values], [g[k] for g in grads], x[k], y[k])
                      for k in range(self.size)]
 
             def stacked(j, old):  # part j of every slot's result, a stopped run's as it was
@@ -161,14 +161,14 @@ class Engine:
                     stacked(2, grads))
 
         def one(args):  # a stopped run is not computed: its state and a row of NaN
-            values, grads, indices, active = args
-            return tf.cond(active, lambda: step(values, grads, indices),
+            values, grads, x, y, active = args
+            return tf.cond(active, lambda: step(values, grads, x, y),
                            lambda: (values, tf.fill([len(self.names)], float("nan")), grads))
 
         shapes = ([tf.TensorSpec(v.shape[1:], v.dtype) for v in values],
                   tf.TensorSpec([len(self.names)], tf.float32),
                   [tf.TensorSpec(g.shape[1:], g.dtype) for g in grads])
-        return tf.map_fn(one, (values, grads, indices, active), fn_output_signature=shapes,
+        return tf.map_fn(one, (values, grads, x, y, active), fn_output_signature=shapes,
                          parallel_iterations=1)
 
     def _run_step(self, values, x, y, measure: bool):
@@ -214,9 +214,11 @@ class Engine:
         """The program: up to n steps of a part's runs (the last measuring the telemetry and
         keeping its gradients); (new values, rows, steps done, gradients)."""
         def body(i, values, grads, active, done, rows):
-            def one_step(measure):
+            batch = [tf.gather(t, indices[:, i]) for t in (x, y)]  # [runs, B, ...]
+
+            def one_step(measure):  # (a compiled step's arguments are not its program: no i)
                 step = self.compiled_step.get(measure, partial(self._one_step, measure=measure))
-                return lambda: step(values, grads, x, y, indices, active, i)
+                return lambda: step(values, grads, *batch, active)
 
             values, r, grads = tf.cond(i == n - 1, one_step(True), one_step(False))
             done = tf.where(active, i + 1, done)
