@@ -21,11 +21,12 @@ ROUNDS = 5  # the full bench's rounds
 
 def side_by_side(variants: dict[str, Callable[[], float]], rounds: int) -> dict[str, list]:
     """Each variant's measurement in each of `rounds` rounds; in every round all variants
-    take a turn, in order."""
+    take a turn, in order in even rounds and in reverse order in odd ones (a variant that
+    follows another, or comes first, is not always the same one)."""
     measured: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, measure in variants.items():
-            measured[name].append(measure())
+    for r in range(rounds):
+        for name in list(variants)[::-1 if r % 2 else 1]:
+            measured[name].append(variants[name]())
     return measured
 
 

@@ -38,10 +38,12 @@ def metric_names(layers: list[str]) -> list[str]:
 
 
 def _norms_by_layer(params, tensors) -> dict[str, tf.Tensor]:
+    from gradexp.layers import total
+
     squares: dict[str, list] = {}
-    for v, t in zip(params, tensors, strict=True):  # flat: summed in one order whatever the
-        squares.setdefault(layer_of(v), []).append(  # tensor's layout (a batch's may differ)
-            tf.reduce_sum(tf.square(tf.cast(tf.reshape(t, [-1]), tf.float32))))
+    for v, t in zip(params, tensors, strict=True):  # the same whatever the tensor's layout (a
+        squares.setdefault(layer_of(v), []).append(  # batch's stacked state's may differ)
+            total(tf.square(tf.cast(t, tf.float32)), small_in=tf.float64))
     return {layer: tf.sqrt(tf.add_n(s)) for layer, s in squares.items()}
 
 

@@ -54,9 +54,8 @@ GROUPS = {
     "clipping": (["gradexp/clipping/*.py"], ["tests/test_clipping.py"]),
     "telemetry": (["gradexp/telemetry.py"], ["tests/test_telemetry.py"]),
     # the step's loss-scale branch is reached by two mixed_float16 tests, its divergence
-    # handling by two of test_robustness' and its stateless-scope branch by test_train's
-    # stateless test; its distributed branch only in a subprocess (test_devices' mirrored
-    # test), which mutmut cannot see
+    # handling by two of test_robustness', the pure step alone by test_train's; the engine's
+    # distributed branch only in a subprocess (test_devices' mirrored test)
     "step": (["gradexp/step.py"],
              ["tests/test_telemetry.py", "tests/test_by_hand.py",
               # test_train's in-process tests (its others run `python -m gradexp.train`, whose
@@ -66,7 +65,7 @@ GROUPS = {
                   "unclipped_run_has_equal_pre_and_post_norms",
                   "the_error_rate_counts_sequences_whose_squared_error_exceeds_the_threshold",
                   "the_step_refuses_a_model_that_cannot_take_the_datasets_examples",
-                  "the_stateless_step_is_the_compiled_step",
+                  "the_pure_step_is_the_engines_compiled_step",
                   "the_step_is_xla_compiled_as_trainer_jit_compile_says")),
               "tests/test_devices.py"
               "::test_mixed_precision_trains_and_logs_finite_norms[mixed_float16]",

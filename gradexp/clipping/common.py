@@ -79,8 +79,12 @@ def stateless(name: str, *keys: str):
 
 
 def global_norm(grads: list) -> tf.Tensor:
-    """‖g‖ = sqrt(Σ_i Σ g_i²) in float32, summed as Keras 3 sums it: per tensor, then over them."""
-    squares = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads]
+    """‖g‖ = sqrt(Σ_i Σ g_i²) in float32, summed as Keras 3 sums it: per tensor, then over them
+    (a tensor of 2^16 elements or more by layers.total, on every core: in the last bits its sum
+    may differ from Keras's)."""
+    from gradexp.layers import total
+
+    squares = [total(tf.square(tf.cast(g, tf.float32))) for g in grads]
     return tf.sqrt(tf.reduce_sum(tf.stack(squares)))
 
 
