@@ -162,3 +162,18 @@ def test_each_job_of_a_sweep_is_composed_once(monkeypatch):
         loader.load_sweep_config(other, ["clip=0.1", "seed=3"])
         assert composed[1:] == [["clip=null", "seed=3"], ["clip=0.1", "seed=3"]]
     GlobalHydra.instance().clear()
+
+
+def test_a_dotted_path_names_the_users_object_or_fails_in_one_line(tmp_path, monkeypatch):
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "__init__.py").write_text("")
+    (tmp_path / "my_pkg" / "models.py").write_text("def make(units=3):\n    return units\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".")])
+    for path in ("my_pkg.models:make", "my_pkg.models.make"):
+        assert config.import_object("model.build", path)(units=5) == 5
+    for path, why in [("my_pkg.nothing:make", "cannot import my_pkg.nothing"),
+                      ("my_pkg.models:absent", "my_pkg.models has no absent"),
+                      ("make", "must be a dotted path")]:
+        with pytest.raises(config.ConfigError, match=f"^model.build={path}: {why}"):
+            config.import_object("model.build", path)

@@ -58,6 +58,30 @@ def check_positive(key: str, value: float) -> None:
     need(finite(value) and value > 0, key, value, "must be a positive number")
 
 
+def import_object(key: str, path: str) -> Any:
+    """The object a dotted path names, `package.module:attribute` or `package.module.attribute`
+    (the user's model builder, data loader, ...); ConfigError naming `key` if it does not import.
+    The module is imported from the working directory too, as `python -m` would."""
+    import importlib
+    import sys
+
+    module_name, _, attribute = path.partition(":") if ":" in path else path.rpartition(".")
+    need(bool(module_name and attribute), key, path,
+         "must be a dotted path such as my_package.module:function")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.append("")  # a user's module beside where gradexp runs
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{key}={path}: cannot import {module_name} ({exc})") from None
+    thing = module
+    for part in attribute.split("."):
+        if not hasattr(thing, part):
+            raise ConfigError(f"{key}={path}: {module_name} has no {attribute}")
+        thing = getattr(thing, part)
+    return thing
+
+
 def schema_keys(schema: Any) -> list[str]:
     """The keys a schema dataclass declares, in order."""
     return [f.name for f in dataclasses.fields(schema)]
