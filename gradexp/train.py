@@ -37,7 +37,7 @@ from gradexp.tracking import (
     steps_to_next_event,
 )
 
-CONF_DIR = str(Path(__file__).resolve().parent / "conf")  # conf/ of the checkout (a link), or the wheel's copy
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")  # a link to conf/; in a wheel, its copy
 log = logging.getLogger("gradexp")
 
 

@@ -37,6 +37,6 @@ __all__ = [
     "NORM_AXES", "Choice", "ClipSpec", "ClippingConfig", "Config", "ConfigError",
     "DatasetConfig", "LayerConfig", "ModelConfig", "NotRegistered", "OptimizerConfig",
     "Registry", "TrainerConfig", "at_least", "check_model_takes", "clip_bounds", "clip_spec",
-    "compose_once", "explain", "finite", "import_object", "input_kind", "need", "one_of", "positions",
-    "register", "sweep_jobs", "task_config", "validate",
+    "compose_once", "explain", "finite", "import_object", "input_kind", "need", "one_of",
+    "positions", "register", "sweep_jobs", "task_config", "validate",
 ]
