@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from gradexp import insertion
 from gradexp._tf import keras
 from gradexp.config import ClipSpec, Registry
 from gradexp.layers import ClipGradient
@@ -224,9 +225,13 @@ def build(m: DictConfig, clip: ClipSpec, input_shape: tuple[int, ...],
 
     The outputs are float32 whatever the precision policy, so the loss is computed in float32.
     """
-    tap = Tap(list(clip.positions), lambda name: ClipGradient(
-        clip.clip_min, clip.clip_max, clip.scale, clip.grad_scale, max_norm=clip.max_norm,
-        norm_axis=clip.norm_axis, name=f"clip_{name}"))
+    def clip_layer(name):
+        return ClipGradient(clip.clip_min, clip.clip_max, clip.scale, clip.grad_scale,
+                            max_norm=clip.max_norm, norm_axis=clip.norm_axis, name=f"clip_{name}")
+
+    if m.name == "keras":
+        return users_model(m, clip, input_shape, num_outputs, clip_layer)
+    tap = Tap(list(clip.positions), clip_layer)
     inputs = keras.Input(input_shape, name="inputs")
     outputs = BUILDERS[m.name](m, inputs, num_outputs, tap)
     expected = OmegaConf.to_object(m).positions()
@@ -235,13 +240,36 @@ def build(m: DictConfig, clip: ClipSpec, input_shape: tuple[int, ...],
     return keras.Model(inputs, outputs, name=m.name)
 
 
+@model("keras")
+def users_builder(m: DictConfig, x, num_outputs: int, tap: Tap):
+    raise AssertionError("model=keras: the user's model is built whole, by users_model")
+
+
+def users_model(m: DictConfig, clip: ClipSpec, input_shape, num_outputs: int, clip_layer):
+    """model=keras: the user's model with clip layers at the layers `clip.positions` names."""
+    base = insertion.users_model(m, input_shape, num_outputs)
+    wanted = "all" if list(clip.positions) == ["all"] else list(clip.positions)
+    chosen = insertion.choose(base, wanted, m.build)
+    model = insertion.with_clip_layers(
+        base, chosen, lambda path: clip_layer(insertion.position_name(path)))
+    if chosen and model.outputs[0].dtype != "float32":  # mixed precision: the loss in float32
+        outputs = keras.layers.Activation("linear", dtype="float32", name="outputs")(
+            model.outputs[0])
+        model = keras.Model(model.inputs, outputs, name=model.name)
+    return model
+
+
 def head(model: keras.Model):
-    """The output layer (AGC leaves its parameters alone)."""
-    return model.get_layer(HEAD)
+    """The output layer (AGC leaves its parameters alone): `head`, or the last layer with
+    weights of a user's model."""
+    names = [layer.name for layer in model.layers]
+    return (model.get_layer(HEAD) if HEAD in names else
+            [layer for layer in model.layers if layer.weights][-1])
 
 
 def clip_layers(model: keras.Model) -> list[ClipGradient]:
-    """The model's clip layers in model order, those inside recurrent cells included."""
+    """The model's clip layers in model order, those inside recurrent cells and nested models
+    included."""
     found = []
     for layer in model.layers:
         cell = getattr(layer, "cell", None)
@@ -249,4 +277,6 @@ def clip_layers(model: keras.Model) -> list[ClipGradient]:
             found.append(cell.clip)  # inside the recurrence: before the layer's output
         if isinstance(layer, ClipGradient):
             found.append(layer)
+        elif isinstance(layer, keras.Model):
+            found.extend(clip_layers(layer))
     return found

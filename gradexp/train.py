@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from gradexp.tracking import (
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")  # a link to conf/; in a wheel, its copy
 log = logging.getLogger("gradexp")
+LIST_POSITIONS: list = []  # `--positions`: the model's positions are printed, nothing trains
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
@@ -56,6 +58,19 @@ def run(cfg: DictConfig) -> dict:
         if action == rundir.KEEP:
             return rundir.read_status(run_dir)[1]
         resume = action == rundir.RESUME
+    if LIST_POSITIONS:
+        from gradexp.insertion import position_lines
+
+        try:
+            lines = position_lines(cfg)
+        except config.ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        wanted = cfg.layer.positions
+        wanted = wanted if isinstance(wanted, str) else f"[{','.join(wanted)}]"
+        print(f"positions of model={cfg.model.name} (*: where layer.positions={wanted} "
+              "puts a clip layer):", *(f"  {line}" for line in lines), sep="\n")
+        return {}
     job = Job(cfg, run_dir, overrides)
     try:
         summary = train_runs([job], resume=resume)[0]
@@ -130,6 +145,11 @@ def main() -> None:
         sweep_dir = resume.sweep_to_resume(sys.argv[1:])
         if sweep_dir is not None:
             sys.argv[1:] = resume.multirun_arguments(sweep_dir, sys.argv[1:])
+        if "--positions" in sys.argv:  # list them; a throwaway directory for Hydra's files
+            sys.argv.remove("--positions")
+            LIST_POSITIONS.append(True)
+            sys.argv += [f"hydra.run.dir={tempfile.mkdtemp(prefix='gradexp-positions-')}",
+                         "hydra.output_subdir=null", "hydra/job_logging=none"]
         worker.start_early(sys.argv[1:])  # the batched sweep's workers, before Hydra starts
         run()
     except Exception as exc:

@@ -14,7 +14,7 @@ BAD = [
     (["clip=-1"], "clip=-1", "positive number or null"),
     (["clip=abc"], "clip=abc", "Float"),
     (["layer.clip_min=1", "layer.clip_max=0"], "layer.clip_min=1", "must not exceed clip_max"),
-    (["model=nosuch"], "model=nosuch", "choose one of cnn, mlp, rnn, transformer"),
+    (["model=nosuch"], "model=nosuch", "choose one of cnn, keras, mlp, rnn, transformer"),
     (["model=cnn", "dataset=teacher"], "model=cnn", "needs image inputs (H, W, C) or "
      "sequences (T, F), convolved along T; dataset=teacher gives vectors (32,)"),
     (["layer.positions=[nosuch]"], "layer.positions=nosuch", "dense_1, dense_2, dense_3"),

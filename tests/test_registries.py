@@ -29,7 +29,7 @@ def test_every_yaml_has_a_schema_and_a_builder_and_every_schema_a_yaml(group):
 
 def test_a_name_without_a_builder_is_a_clear_error():
     with pytest.raises(config.NotRegistered, match=r"^model=nosuch: no builder is registered "
-                       r"under this name in gradexp/models.py; registered: cnn, mlp, rnn"):
+                       r"under this name in gradexp/models.py; registered: cnn, keras, mlp, rnn"):
         models.BUILDERS["nosuch"]
 
 

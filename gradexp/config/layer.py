@@ -76,13 +76,16 @@ def clip_bounds(cfg: DictConfig) -> tuple[float | None, float | None]:
 
 
 def positions(cfg: DictConfig) -> list[str]:
-    """The model positions that get a clip layer, in model order."""
+    """The model positions that get a clip layer, in model order (a user's model: the names and
+    patterns asked for, `all` as `["all"]`, resolved against its layers when it is built)."""
     available = OmegaConf.to_object(cfg.model).positions()
     wanted = cfg.layer.positions
-    if wanted == "all":
-        return available
     if isinstance(wanted, str) or not isinstance(wanted, (list, ListConfig)):
         wanted = [wanted]
+    if available is None:
+        return [str(p) for p in wanted]
+    if wanted == ["all"]:
+        return available
     unknown = [p for p in wanted if p not in available]
     if unknown:
         raise ConfigError(

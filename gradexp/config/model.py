@@ -4,7 +4,7 @@ gradexp/models.py, registered under the same names."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -38,8 +38,8 @@ class ModelConfig(Choice):
     INPUTS: ClassVar[tuple[str, ...]] = ()
     NEEDS: ClassVar[str] = ""
 
-    def positions(self) -> list[str]:
-        """Where a clip layer may go, in model order."""
+    def positions(self) -> list[str] | None:
+        """Where a clip layer may go, in model order (None: the built model's layers say)."""
         raise NotImplementedError
 
 
@@ -165,6 +165,27 @@ class TransformerConfig(ModelConfig):
         one_of("norm", self.norm, NORMS)
 
 
+@dataclass
+class KerasModelConfig(ModelConfig):
+    """A Keras model of the user's: `build` is a dotted path (`my_pkg.models:make`) to
+    `make(input_shape, num_outputs, **kwargs)`, which returns a Functional or Sequential model
+    (a subclassed one holds its own ClipGradient layers). Its positions are its layers' names,
+    known once it is built (gradexp/insertion.py)."""
+
+    name: str = "keras"
+    build: str = MISSING
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    INPUTS: ClassVar[tuple[str, ...] | None] = None  # whatever the user's model takes
+    NEEDS: ClassVar[str] = "what its builder makes it for"
+
+    def positions(self) -> None:
+        return None
+
+    def check(self) -> None:
+        need(isinstance(self.build, str) and bool(self.build.strip()), "build", self.build,
+             "must be a dotted path such as my_package.models:make")
+
+
 def input_kind(shape: tuple[int, ...]) -> str:
     """vectors (F,), sequences (T, F) or images (H, W, C): what one example is."""
     return {1: VECTORS, 2: SEQUENCES, 3: IMAGES}.get(len(shape), f"rank-{len(shape)} arrays")
@@ -176,6 +197,6 @@ def check_model_takes(model: Any, dataset_name: str, shape: tuple[int, ...]) -> 
     if isinstance(model, DictConfig):
         model = OmegaConf.to_object(model)
     kind = input_kind(shape)
-    if kind not in model.INPUTS:
+    if model.INPUTS is not None and shape is not None and kind not in model.INPUTS:
         raise ConfigError(f"model={model.name}: needs {model.NEEDS}; "
                           f"dataset={dataset_name} gives {kind} {tuple(shape)}")

@@ -1,0 +1,167 @@
+"""model=keras: a Keras model of the user's, clip layers inserted at its layers' names."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import QUICK, gradexp
+from gradexp import config, insertion, models
+from gradexp._tf import keras, tf
+from gradexp.layers import ClipGradient
+
+USER_MODELS = textwrap.dedent('''
+    import keras
+
+    def make(input_shape, num_outputs, width=16):
+        inputs = keras.Input(input_shape)
+        x = keras.layers.Dense(width, activation="relu", name="dense_a")(inputs)
+        x = keras.layers.Dense(width, activation="relu", name="dense_b")(x)
+        return keras.Model(inputs, keras.layers.Dense(num_outputs, name="out")(x))
+
+    def nested(input_shape, num_outputs):
+        inner = keras.Input((8,))
+        block = keras.Model(inner, keras.layers.Dense(8, name="fc")(inner), name="block_2")
+        inputs = keras.Input(input_shape)
+        x = block(keras.layers.Dense(8, activation="relu", name="dense_1")(inputs))
+        return keras.Model(inputs, keras.layers.Dense(num_outputs, name="out")(x))
+
+    def sequential(input_shape, num_outputs):
+        return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(8, name="h1"),
+                                 keras.layers.Dense(num_outputs, name="logits")])
+
+    class Subclassed(keras.Model):
+        def __init__(self, n):
+            super().__init__()
+            self.hidden, self.out = keras.layers.Dense(8), keras.layers.Dense(n)
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+    def subclassed(input_shape, num_outputs):
+        return Subclassed(num_outputs)
+
+    def not_a_model(input_shape, num_outputs):
+        return "a string"
+
+    def wrong_outputs(input_shape, num_outputs):
+        return make(input_shape, num_outputs + 1)
+''')
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """A directory holding the user's my_models.py, as the working directory."""
+    (tmp_path / "my_models.py").write_text(USER_MODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "my_models", raising=False)  # each test's own file
+    return tmp_path
+
+
+def build(make_cfg, factory, *overrides, shape=(4,), outputs=3):
+    cfg = make_cfg("model=keras", f"model.build=my_models:{factory}", *overrides)
+    return models.build(cfg.model, config.clip_spec(cfg), shape, outputs)
+
+
+def test_two_layer_model_forward_unchanged_and_gradient_clipped_as_by_hand(user_dir):
+    """x = [1, 2] → a = x·I (dense a) → y = a·[3, -0.05]ᵀ (dense b); loss y. Backward into a:
+    dy·W_b = [3, -0.05], clipped at ±0.1 → [0.1, -0.05]; so dL/dW_a = xᵀ·[0.1, -0.05]."""
+    inputs = keras.Input((2,))
+    hidden = keras.layers.Dense(2, use_bias=False, kernel_initializer="identity", name="a")
+    head = keras.layers.Dense(1, use_bias=False, name="b")
+    base = keras.Model(inputs, head(hidden(inputs)))
+    head.kernel.assign([[3.0], [-0.05]])
+    chosen = insertion.choose(base, ["a"], "test")
+    model = insertion.with_clip_layers(base, chosen, lambda p: ClipGradient(-0.1, 0.1,
+                                                                           name=f"clip_{p}"))
+    assert [layer.name for layer in models.clip_layers(model)] == ["clip_a"]
+    assert model.get_layer("a") is hidden and model.get_layer("b") is head  # the same weights
+    x = tf.constant([[1.0, 2.0]])
+    batch = tf.random.stateless_normal((64, 2), seed=(1, 2))
+    np.testing.assert_array_equal(model(batch).numpy(), base(batch).numpy())  # last bit
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(model(x))
+    grad_a, grad_b = tape.gradient(y, [hidden.kernel, head.kernel])
+    np.testing.assert_allclose(y.numpy(), 3.0 * 1.0 - 0.05 * 2.0, rtol=1e-6)
+    np.testing.assert_allclose(grad_a.numpy(), [[0.1, -0.05], [0.2, -0.1]], rtol=1e-6)
+    np.testing.assert_allclose(grad_b.numpy(), [[1.0], [2.0]])  # above the clip: untouched
+
+
+def test_positions_by_name_and_glob_in_model_order(user_dir, make_cfg):
+    model = build(make_cfg, "make", "clip=0.1")  # all: every layer with weights but the last
+    assert [layer.name for layer in models.clip_layers(model)] == ["clip_dense_a", "clip_dense_b"]
+    assert models.head(model).name == "out"
+    model = build(make_cfg, "make", "clip=0.1", "layer.positions=[dense_b]")
+    assert [layer.name for layer in models.clip_layers(model)] == ["clip_dense_b"]
+    clip = models.clip_layers(model)[0]
+    assert (clip.clip_min, clip.clip_max) == (-0.1, 0.1)
+    model = build(make_cfg, "nested", "layer.positions=[block_2/*]")
+    assert [layer.name for layer in models.clip_layers(model)] == ["clip_block_2.fc"]
+    model = build(make_cfg, "sequential", "layer.positions=[h*]")
+    assert [layer.name for layer in models.clip_layers(model)] == ["clip_h1"]
+    x = np.ones((2, 4), np.float32)
+    assert model(x).shape == (2, 3)
+
+
+@pytest.mark.parametrize("factory, overrides, message", [
+    ("absent", [], r"^model.build=my_models:absent: my_models has no absent$"),
+    ("not_a_model", [], r"^model.build=my_models:not_a_model: returned str, not a Keras model$"),
+    ("wrong_outputs", [], r"^model.build=my_models:wrong_outputs: its output has shape "
+                          r"\(None, 4\); the dataset needs \(None, 3\)"),
+    ("make", ["layer.positions=[conv*]"], r"^layer.positions=conv\*: matches no layer of "
+                                          r"functional\w*; its layers: dense_a, dense_b, out$"),
+    ("subclassed", ["layer.positions=[dense]"], r"^model.build=my_models:subclassed: returns a "
+                                               r"subclassed model \(Subclassed\)"),
+])
+def test_bad_user_models_are_one_line(user_dir, make_cfg, factory, overrides, message):
+    with pytest.raises(config.ConfigError, match=message):
+        build(make_cfg, factory, *overrides)
+
+
+def test_a_subclassed_model_keeps_its_own_clip_layers(user_dir, make_cfg):
+    (user_dir / "my_models.py").write_text(USER_MODELS + textwrap.dedent('''
+        from gradexp.layers import ClipGradient
+
+        def with_clip(input_shape, num_outputs):
+            model = Subclassed(num_outputs)
+            model.clip = ClipGradient(-0.01, 0.01, name="clip_hidden")
+            model.call = lambda x: model.out(model.clip(model.hidden(x)))
+            return model
+    '''))
+    model = build(make_cfg, "with_clip")
+    assert [layer.name for layer in models.clip_layers(model)] == ["clip_hidden"]
+
+
+def test_a_users_model_trains_from_the_command_line(user_dir):
+    """Clip layers at two named layers: the run completes and logs both positions."""
+    result = gradexp("gradexp.train", "model=keras", "model.build=my_models:make",
+                     "+model.kwargs.width=8", "clip=0.1", "layer.positions=[dense_a,dense_b]",
+                     *QUICK[:-1], "hydra.run.dir=run", cwd=user_dir)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((user_dir / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 30
+    header = (user_dir / "run" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"clip_fraction/dense_a", "clip_fraction/dense_b"} <= set(header)
+    assert "param_grad_norm/dense_a" in header  # width 8: the kwargs reached the builder
+    listed = gradexp("gradexp.train", "model=keras", "model.build=my_models:nested",
+                     "--positions", cwd=user_dir)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()[1:]
+    assert [line.split()[0] for line in lines] == ["dense_1", "block_2", "block_2/fc", "out"]
+    assert [line.endswith("*") for line in lines] == [True, False, True, False]
+    assert not (user_dir / "outputs").exists()  # listing writes no run
+
+
+def test_a_bad_model_build_from_the_command_line_is_one_line_exit_2(user_dir):
+    result = gradexp("gradexp.train", "model=keras", "model.build=no_such_module:make",
+                     "hydra.run.dir=run", cwd=user_dir)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: model.build=no_such_module:make: cannot import no_such_module "
+        "(No module named 'no_such_module')"]
+    summary = json.loads((user_dir / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed"  # nothing that looks like a good run
