@@ -34,6 +34,33 @@ def adamw(o: DictConfig):
                                   beta_2=o.beta_2, epsilon=o.epsilon)
 
 
+@optimizer("keras")
+def any_keras(o: DictConfig):
+    """keras.optimizers.<class_name>, or the class a dotted path names, with its kwargs."""
+    from omegaconf import OmegaConf
+
+    from gradexp.config import ConfigError, import_object
+
+    kwargs = {"learning_rate": o.learning_rate, **OmegaConf.to_container(o.kwargs)}
+    dotted = "." in o.class_name or ":" in o.class_name
+    known = [n for n in dir(keras.optimizers) if isinstance(getattr(keras.optimizers, n), type)
+             and issubclass(getattr(keras.optimizers, n), keras.optimizers.Optimizer)
+             and n not in ("Optimizer", "LossScaleOptimizer", "MultiOptimizer")]
+    if not dotted and o.class_name not in known:
+        raise ConfigError(f"optimizer.class_name={o.class_name}: no such Keras optimizer; "
+                          f"choose one of {', '.join(known)}, or a dotted path")
+    make = (import_object("optimizer.class_name", o.class_name) if dotted
+            else getattr(keras.optimizers, o.class_name))
+    try:
+        made = make(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"optimizer.kwargs: {o.class_name} refused them ({exc})") from None
+    if not isinstance(made, keras.optimizers.Optimizer):
+        raise ConfigError(f"optimizer.class_name={o.class_name}: made a "
+                          f"{type(made).__name__}, not a Keras optimizer")
+    return made
+
+
 def make_optimizer(o: DictConfig, precision: str):
     """The optimizer of `o`; under mixed_float16 inside Keras's dynamic loss scaling."""
     made = OPTIMIZERS[o.name](o)

@@ -102,7 +102,9 @@ def make_step(cfg: DictConfig, arrays, strategy=None) -> Step:
     names = (*metric_names([layer.name.removeprefix("clip_") for layer in layers],
                            loss_scaling=loss_scale is not None, spike_skip=spikes is not None),
              *measured)
-    per_example_loss = task_loss(arrays.num_classes)
+    per_example_loss = task_loss(arrays.num_classes, cfg.model.get("loss", "auto"))
+    if cfg.model.get("loss", "auto") != "auto":  # one loss per example, or one line
+        check_loss(per_example_loss, model, arrays, cfg.model.loss)
     error_threshold = cfg.dataset.get("error_threshold")  # regression: squared error above it
     val_names = ("loss/val", "accuracy/val", *(("error_rate/val",) if error_threshold else ()))
     skip_non_finite = t.on_divergence == "continue" and loss_scale is None  # the LSO skips
@@ -205,11 +207,31 @@ def make_step(cfg: DictConfig, arrays, strategy=None) -> Step:
                 backward, update, evaluate)
 
 
-def task_loss(num_classes: int | None):
-    """Per-example loss: cross-entropy of logits, or squared error of one output (regression)."""
+def task_loss(num_classes: int | None, loss: str = "auto"):
+    """Per-example loss: cross-entropy of logits, or squared error of one output (regression);
+    or a Keras loss function by name, or a function of one's own by dotted path."""
+    if loss != "auto":
+        if "." in loss or ":" in loss:
+            return config.import_object("model.loss", loss)
+        try:
+            return keras.losses.get(loss)
+        except ValueError:
+            raise config.ConfigError(f"model.loss={loss}: no such Keras loss; give a Keras loss "
+                                     "function's name (e.g. huber) or a dotted path") from None
     if num_classes is not None:
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     return lambda y, outputs: tf.square(outputs[:, 0] - tf.cast(y, outputs.dtype))
+
+
+def check_loss(per_example_loss, model, arrays, name: str) -> None:
+    """ConfigError unless the loss gives one value per example of two validation examples."""
+    try:
+        shape = tuple(per_example_loss(arrays.y_val[:2], model(arrays.x_val[:2])).shape)
+    except (ValueError, TypeError, tf.errors.InvalidArgumentError) as exc:
+        shape = str(exc).splitlines()[0]
+    if shape != (2,):
+        raise config.ConfigError(f"model.loss={name}: must give one loss per example (shape (2,) "
+                                 f"for two examples); got {shape}")
 
 
 def metric_names(positions: list[str], loss_scaling: bool = False,

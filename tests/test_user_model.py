@@ -165,3 +165,43 @@ def test_a_bad_model_build_from_the_command_line_is_one_line_exit_2(user_dir):
         "(No module named 'no_such_module')"]
     summary = json.loads((user_dir / "run" / "summary.json").read_text())
     assert summary["status"] == "failed"  # nothing that looks like a good run
+
+
+def test_any_keras_optimizer_by_name_with_its_arguments(make_cfg):
+    from gradexp.optimizers import make_optimizer
+
+    cfg = make_cfg("optimizer=keras", "optimizer.class_name=Lion",
+                   "optimizer.learning_rate=0.01", "+optimizer.kwargs.beta_1=0.95")
+    made = make_optimizer(cfg.optimizer, "float32")
+    assert type(made) is keras.optimizers.Lion
+    assert (made.beta_1, float(made.learning_rate)) == (0.95, np.float32(0.01))
+    for overrides, message in [
+            (["optimizer.class_name=Nope"], r"^optimizer.class_name=Nope: no such Keras "
+                                            r"optimizer; choose one of Adadelta, .*Lion, "),
+            (["optimizer.class_name=Lion", "+optimizer.kwargs.bogus=1"],
+             r"^optimizer.kwargs: Lion refused them \(Argument\(s\) not recognized"),
+            (["optimizer.class_name=os.path:join"], r"^optimizer.kwargs: os.path:join refused")]:
+        cfg = make_cfg("optimizer=keras", *overrides)
+        with pytest.raises(config.ConfigError, match=message):
+            make_optimizer(cfg.optimizer, "float32")
+
+
+def test_a_keras_loss_by_name_or_path_and_one_loss_per_example(user_dir, make_cfg):
+    """huber (δ = 1) of y = 0, ŷ = 2: δ·(|e| − δ/2) = 1.5; of ŷ = 0.5: e²/2 = 0.125."""
+    from gradexp.step import check_loss, task_loss
+
+    huber = task_loss(None, "huber")
+    np.testing.assert_allclose(huber(np.zeros((2, 1)), np.array([[2.0], [0.5]])), [1.5, 0.125])
+    (user_dir / "my_losses.py").write_text("def cube(y, out):\n    return (out[:, 0] - y) ** 3\n")
+    assert task_loss(None, "my_losses:cube")(np.zeros(1), np.array([[2.0]]))[0] == 8.0
+    with pytest.raises(config.ConfigError, match=r"^model.loss=nope: no such Keras loss"):
+        task_loss(None, "nope")
+    from gradexp import data
+
+    cfg = make_cfg("model=keras", "model.build=my_models:make")
+    arrays = data.load(cfg.dataset)
+    model = build(make_cfg, "make", shape=arrays.input_shape, outputs=arrays.num_outputs)
+    check_loss(task_loss(arrays.num_classes), model, arrays, "auto")  # the default: one each
+    with pytest.raises(config.ConfigError, match=r"^model.loss=mse: must give one loss per "
+                                                 r"example \(shape \(2,\) for two examples\)"):
+        check_loss(lambda y, out: tf.reduce_mean(out), model, arrays, "mse")

@@ -170,11 +170,14 @@ class KerasModelConfig(ModelConfig):
     """A Keras model of the user's: `build` is a dotted path (`my_pkg.models:make`) to
     `make(input_shape, num_outputs, **kwargs)`, which returns a Functional or Sequential model
     (a subclassed one holds its own ClipGradient layers). Its positions are its layers' names,
-    known once it is built (gradexp/insertion.py)."""
+    known once it is built (gradexp/insertion.py). `loss`: per example, `auto` (cross-entropy of
+    logits, or squared error for regression), a Keras loss function's name (`huber`,
+    `mean_absolute_error`, ...) or a dotted path to `loss(y, outputs) -> per-example loss`."""
 
     name: str = "keras"
     build: str = MISSING
     kwargs: dict[str, Any] = field(default_factory=dict)
+    loss: str = "auto"
     INPUTS: ClassVar[tuple[str, ...] | None] = None  # whatever the user's model takes
     NEEDS: ClassVar[str] = "what its builder makes it for"
 

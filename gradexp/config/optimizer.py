@@ -3,8 +3,8 @@ factories are in gradexp/optimizers.py, registered under the same names."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
@@ -59,6 +59,22 @@ class AdamWConfig(OptimizerConfig):
         AdamConfig.check(self)
         need(finite(self.weight_decay) and self.weight_decay >= 0, "weight_decay",
              self.weight_decay, "must be a number >= 0")
+
+
+@dataclass
+class KerasOptimizerConfig(OptimizerConfig):
+    """Any Keras optimizer: `class_name` one of keras.optimizers' (`Lion`, `Adafactor`, ...) or a
+    dotted path to an optimizer class of one's own, built with `learning_rate` and `kwargs`."""
+
+    name: str = "keras"
+    class_name: str = MISSING
+    learning_rate: float = MISSING
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        check_learning_rate(self.learning_rate)
+        need(isinstance(self.class_name, str) and bool(self.class_name.strip()), "class_name",
+             self.class_name, "must name a Keras optimizer (e.g. Lion) or a dotted path")
 
 
 def check_learning_rate(value: float) -> None:
