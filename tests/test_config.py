@@ -24,7 +24,7 @@ BAD = [
     (["device=tpu"], "device=tpu", "auto, cpu, gpu"),
     (["-m", "clip=0.1,-1"], "clip=-1", "positive number or null"),
     # unknown options of groups
-    (["optimizer=rmsprop"], "optimizer=rmsprop", "choose one of adam, adamw, sgd"),
+    (["optimizer=rmsprop"], "optimizer=rmsprop", "choose one of adam, adamw, keras, sgd"),
     (["+experiment=nosuch"], "experiment=nosuch", "choose one of"),
     (["hydra/launcher=nosuch"], "hydra/launcher=nosuch", "basic, gradexp, joblib"),
     # wrong types
