@@ -1009,3 +1009,19 @@ def test_the_clipper_refuses_gradients_that_do_not_match_the_parameters():
     clipper = clipper_for("norm", {"max_norm": 1.0}, params)
     with pytest.raises(ValueError, match="^1 gradients for 2 parameters$"):
         clipper([tf.ones(2)], params)
+
+
+def test_a_method_that_loses_a_gradient_fails_loudly():
+    """Method.update pairs each present gradient with its clipped one: a clip that returns fewer
+    is a bug, not a run whose last gradients go unclipped."""
+    from gradexp.clipping.common import Method, NoState
+
+    grads = [tf.ones(2), None, tf.ones(3)]
+    params = [tf.Variable(tf.zeros(2)), tf.Variable(tf.zeros(1)), tf.Variable(tf.zeros(3))]
+    halves = Method("halves", NoState, lambda g, s, p: ([x / 2 for x in g], s, {}))
+    out, _, _ = halves.update(grads, NoState(), params)
+    assert out[1] is None and [o.numpy().tolist() for o in (out[0], out[2])] == [[0.5] * 2,
+                                                                                [0.5] * 3]
+    lossy = Method("lossy", NoState, lambda g, s, p: (g[:-1], s, {}))
+    with pytest.raises(ValueError, match="zip"):
+        lossy.update(grads, NoState(), params)
