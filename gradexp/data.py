@@ -7,7 +7,8 @@ float per example, the model has one output). A dataset that comes with its own 
 and `teacher` are generated from `dataset.seed`, `mnist1d` by the mnist1d package,
 `digits` ships inside the scikit-learn wheel, and `mnist`, `fashion_mnist`,
 `cifar10` are keras.datasets files, read from `dataset.cache_dir` (downloaded there when
-missing, if the network allows). The split into training and validation depends on
+missing, if the network allows); `arrays` (a user's loader) comes with its own split, read and
+checked by gradexp/external_data.py. The split into training and validation depends on
 `dataset.seed` only, so runs that differ in `seed` see the same data in a different order.
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from gradexp import external_data
 from gradexp._tf import keras, tf
 from gradexp.config import ConfigError, DatasetConfig, Registry
 
@@ -305,6 +307,16 @@ def keras_download_name(fname: str, extract: bool) -> str:
     `fname` itself, but an archive to extract without a dot in `fname` is `<fname>_archive`
     (cifar10: cifar-10-batches-py-target_archive, the .tar.gz renamed)."""
     return f"{fname}_archive" if extract and "." not in fname else fname
+
+
+# --------------------------------------------------------------------------- from outside
+@loader("arrays")
+def arrays(d: DictConfig) -> Arrays:
+    """The user's split: `d.load(**d.kwargs)` (its contract: external_data.CONTRACT), checked
+    and typed by `external_data.checked` (the task from the labels, `d.task`, `d.num_classes`)."""
+    train, val = external_data.user_splits(d)
+    return Arrays(*external_data.checked(f"dataset.load={d.load}", train, val, d.task,
+                                         d.num_classes))
 
 
 def choice(d: DictConfig) -> str:
