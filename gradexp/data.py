@@ -7,8 +7,9 @@ float per example, the model has one output). A dataset that comes with its own 
 and `teacher` are generated from `dataset.seed`, `mnist1d` by the mnist1d package,
 `digits` ships inside the scikit-learn wheel, and `mnist`, `fashion_mnist`,
 `cifar10` are keras.datasets files, read from `dataset.cache_dir` (downloaded there when
-missing, if the network allows); `arrays` (a user's loader) comes with its own split, read and
-checked by gradexp/external_data.py. The split into training and validation depends on
+missing, if the network allows); `arrays` (a user's loader) and `tfds` (a prepared TensorFlow
+Datasets dataset) come with their own split, read and checked by gradexp/external_data.py. The
+split into training and validation depends on
 `dataset.seed` only, so runs that differ in `seed` see the same data in a different order.
 """
 
@@ -317,6 +318,16 @@ def arrays(d: DictConfig) -> Arrays:
     train, val = external_data.user_splits(d)
     return Arrays(*external_data.checked(f"dataset.load={d.load}", train, val, d.task,
                                          d.num_classes))
+
+
+@loader("tfds")
+def tfds(d: DictConfig) -> Arrays:
+    """The TFDS dataset `d.name` prepared in `d.data_dir`, its splits `d.split_train` and
+    `d.split_val` (external_data.tfds_splits), uint8 inputs scaled to [0, 1], checked."""
+    (x_train, y_train), (x_val, y_val), num_classes = external_data.tfds_splits(d)
+    return Arrays(*external_data.checked(f"dataset.name={d.name}",
+                                         (unit_scaled(x_train), y_train),
+                                         (unit_scaled(x_val), y_val), d.task, num_classes))
 
 
 def choice(d: DictConfig) -> str:

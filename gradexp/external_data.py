@@ -1,11 +1,14 @@
-"""Data from outside gradexp: a user's loader (dataset=arrays), read into arrays and checked.
-gradexp/data.py registers its loader, which ends in `checked`: bad data are answered in one line
-(a ConfigError) before anything trains.
+"""Data from outside gradexp: a user's loader (dataset=arrays) and a TensorFlow Datasets dataset
+prepared on disk (dataset=tfds), read into arrays and checked. gradexp/data.py registers their
+loaders, which end in `checked`: bad data are answered in one line (a ConfigError) before
+anything trains.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,16 +60,67 @@ def read(dataset: tf.data.Dataset, where: str, part: str) -> XY:
     """An unbatched dataset of (x, y) elements as arrays: x (N, *x's shape), y (N, *y's)."""
     spec = dataset.element_spec
     if not (is_pair(spec) and all(isinstance(s, tf.TensorSpec) for s in spec)):
-        raise ConfigError(f"{where}: the {part} dataset's elements must be (x, y) pairs of "
-                          f"tensors; they are {spec}")
+        raise ConfigError(f"{where}: the {part} elements must be (x, y) pairs of tensors; "
+                          f"they are {spec}")
     for name, s in zip("xy", spec, strict=True):
         if not s.shape.is_fully_defined():
-            raise ConfigError(f"{where}: the {part} dataset's {name} has shape {s.shape}: every "
+            raise ConfigError(f"{where}: the {part} examples' {name} has shape {s.shape}: every "
                               "example must have one shape (a batched dataset? unbatch it)")
     batches = list(dataset.batch(READ_BATCH).as_numpy_iterator())
     if not batches:
         return tuple(np.zeros((0, *s.shape), s.dtype.as_numpy_dtype) for s in spec)
     return tuple(np.concatenate([batch[i] for batch in batches]) for i in range(2))
+
+
+# --------------------------------------------------------------------------- dataset=tfds
+def tfds_splits(d: DictConfig) -> tuple[XY, XY, int | None]:
+    """(training, validation, num_classes) of the TFDS dataset `d.name` prepared in
+    `d.data_dir`: the features `d.x_key` and `d.y_key` of the splits `d.split_train` and
+    `d.split_val`, as arrays; num_classes: `d.num_classes`, else the y feature's (a ClassLabel),
+    else None (from the labels). Read from the files alone: nothing is downloaded or built."""
+    import tensorflow_datasets as tfds
+
+    data_dir = tfds_data_dir(d.data_dir)
+    try:
+        builder = tfds.builder(d.name, data_dir=str(data_dir))
+        prepared = builder.is_prepared()
+    except ValueError:  # DatasetNotFoundError, or a name TFDS cannot parse
+        prepared = False
+    if not prepared:
+        held = (", ".join(prepared_names(data_dir)) or "no prepared dataset"
+                if data_dir.is_dir() else "nothing (no such directory)")
+        raise ConfigError(f"dataset.name={d.name}: not prepared in dataset.data_dir={data_dir}, "
+                          f"which holds {held}")
+    features = builder.info.features
+    for key in ("x_key", "y_key"):
+        need(d[key] in features, f"dataset.{key}", d[key],
+             f"must be one of {d.name}'s features: {', '.join(features)}")
+    splits = [tfds_split(builder, d, key) for key in ("split_train", "split_val")]
+    labels = getattr(features[d.y_key], "num_classes", None) if d.task != "regression" else None
+    return *splits, d.num_classes or labels
+
+
+def tfds_data_dir(data_dir: str | None) -> Path:
+    """`data_dir`, else TFDS's own ($TFDS_DATA_DIR, else ~/tensorflow_datasets)."""
+    default = os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets")
+    return Path(data_dir or default).expanduser().resolve()
+
+
+def prepared_names(data_dir: Path) -> list[str]:
+    """The datasets prepared in data_dir, as TFDS names them: `name` for name/<version>/,
+    `name/config` for name/config/<version>/ (each version has its dataset_info.json)."""
+    infos = [*data_dir.glob("*/*/dataset_info.json"), *data_dir.glob("*/*/*/dataset_info.json")]
+    return sorted({info.parent.parent.relative_to(data_dir).as_posix() for info in infos})
+
+
+def tfds_split(builder, d: DictConfig, key: str) -> XY:
+    """The (x, y) arrays of the split `d[key]`."""
+    try:
+        dataset = builder.as_dataset(split=d[key], shuffle_files=False)
+    except ValueError as exc:  # no such split, or a bad slice
+        raise ConfigError(f"dataset.{key}={d[key]}: {str(exc).splitlines()[0]}") from None
+    pairs = dataset.map(lambda example: (example[d.x_key], example[d.y_key]))
+    return read(pairs, f"dataset.name={d.name}", d[key])
 
 
 # ------------------------------------------------------------------------------- checked

@@ -1,5 +1,6 @@
-"""Any data: a user's loader (dataset=arrays), trained on through the command line as a user
-would, and each bad input answered in one line before anything trains."""
+"""Any data: a user's loader (dataset=arrays) and a prepared TensorFlow Datasets dataset
+(dataset=tfds), trained on through the command line as a user would, and each bad input
+answered in one line before anything trains."""
 
 from __future__ import annotations
 
@@ -178,7 +179,7 @@ def test_fewer_classes_than_the_labels_is_refused(make_cfg, user_module):
                     "(x_val, y_val)) as NumPy arrays, or (train, val) as unbatched "
                     "tf.data.Datasets of (x, y) elements; it returned ((ndarray, ndarray), "
                     "(ndarray, ndarray), NoneType)"),
-    ("batched", "dataset.load=my_data:batched: the training dataset's x has shape "
+    ("batched", "dataset.load=my_data:batched: the training examples' x has shape "
                 "(None, 5, 3): every example must have one shape (a batched dataset? unbatch "
                 "it)"),
 ])
@@ -222,3 +223,104 @@ def test_bad_input_on_the_command_line_exits_2_in_one_line(user_module, override
                      cwd=user_module)
     assert_refused_before_training(result, user_module / "run", expected)
 
+
+# -------------------------------------------------------------------------------- dataset=tfds
+def tiny_shapes(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """n grey 6×5 uint8 images and their labels in {0, 1, 2}."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (n, 6, 5, 1), dtype=np.uint8), rng.integers(0, 3, n)
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory):
+    """A data_dir holding `tiny_shapes` (160 training images, 40 test ones), prepared offline by
+    tensorflow-datasets' own machinery: a GeneratorBasedBuilder's download_and_prepare."""
+    import tensorflow_datasets as tfds
+
+    class TinyShapes(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(6, 5, 1)),
+                "label": tfds.features.ClassLabel(num_classes=3)}))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(160, 0),
+                    "test": self._generate_examples(40, 1)}
+
+        def _generate_examples(self, n, seed):
+            images, labels = tiny_shapes(n, seed)
+            for i in range(n):
+                yield i, {"image": images[i], "label": labels[i]}
+
+    data_dir = tmp_path_factory.mktemp("tfds")
+    TinyShapes(data_dir=str(data_dir)).download_and_prepare()
+    return data_dir
+
+
+def tfds_overrides(data_dir, name="tiny_shapes"):
+    return ["dataset=tfds", f"dataset.name={name}", f"dataset.data_dir={data_dir}"]
+
+
+def test_a_prepared_tfds_dataset_trains_from_its_files_alone(tfds_dir, tmp_path):
+    """The training process never imports the builder: it reads the prepared files."""
+    result = gradexp("gradexp.train", *tfds_overrides(tfds_dir), *SHORT, *SMALL_MLP,
+                     "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = summary_of(tmp_path / "run")
+    assert summary["status"] == "completed"
+    assert summary["data"] == {"input_shape": [6, 5, 1], "num_classes": 3,
+                               "train_examples": 160, "val_examples": 40}
+    assert "training mlp on tiny_shapes" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_tfds_images_are_scaled_to_the_unit_interval(make_cfg, tfds_dir):
+    a = data.load(make_cfg(*tfds_overrides(tfds_dir)).dataset)
+    for x, y, (images, labels) in ((a.x_train, a.y_train, tiny_shapes(160, 0)),
+                                   (a.x_val, a.y_val, tiny_shapes(40, 1))):
+        assert x.dtype == np.float32 and y.dtype == np.int32
+        # TFDS shuffles the examples as it writes them: compare both in the images' sort order
+        ours, theirs = (np.lexsort(v.reshape(len(v), -1).T) for v in (x, images))
+        np.testing.assert_allclose(x[ours], images[theirs] / 255.0, rtol=1e-6)
+        np.testing.assert_array_equal(y[ours], labels[theirs])
+    half = data.load(make_cfg(*tfds_overrides(tfds_dir), 'dataset.split_train="train[:50%]"',
+                              'dataset.split_val="train[50%:]"').dataset)
+    assert (len(half.x_train), len(half.x_val)) == (80, 80)
+
+
+def test_a_tfds_name_not_prepared_exits_2_naming_what_data_dir_holds(tfds_dir, tmp_path):
+    before = sorted(tfds_dir.rglob("*"))
+    result = gradexp("gradexp.train", *tfds_overrides(tfds_dir, "mnist"), *SHORT,
+                     "hydra.run.dir=run", cwd=tmp_path)
+    assert_refused_before_training(
+        result, tmp_path / "run",
+        f"dataset.name=mnist: not prepared in dataset.data_dir={tfds_dir}, which holds "
+        "tiny_shapes")
+    assert sorted(tfds_dir.rglob("*")) == before  # nothing downloaded, nothing made
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["dataset.x_key=pixels"], "dataset.x_key=pixels: must be one of tiny_shapes's features: "
+                               "image, label"),
+    (["dataset.split_val=validation"], "dataset.split_val=validation: Unknown split "
+                                       "'validation'. Should be one of ['train', 'test']."),
+])
+def test_a_tfds_key_or_split_it_lacks_is_one_line(make_cfg, tfds_dir, overrides, expected):
+    with pytest.raises(ConfigError) as error:
+        data.load(make_cfg(*tfds_overrides(tfds_dir), *overrides).dataset)
+    assert str(error.value) == expected
+
+
+def test_tfds_without_a_name_or_a_directory_is_one_line(make_cfg, tmp_path):
+    with pytest.raises(ConfigError, match=r"^dataset.name=tfds: must be the TFDS name of a "
+                                          r"dataset prepared in data_dir, e.g. "
+                                          r"dataset.name=mnist$"):
+        config.validate(make_cfg("dataset=tfds"))  # before TensorFlow
+    missing = tmp_path / "nothing"
+    with pytest.raises(ConfigError) as error:
+        data.load(make_cfg(*tfds_overrides(missing)).dataset)
+    assert str(error.value) == (f"dataset.name=tiny_shapes: not prepared in "
+                                f"dataset.data_dir={missing}, which holds nothing (no such "
+                                "directory)")
+    assert not missing.exists()

@@ -233,5 +233,25 @@ class ArraysConfig(LoadedConfig):
     kwargs: dict[str, Any] = field(default_factory=any_keys)
 
 
+@dataclass
+class TFDSConfig(LoadedConfig):
+    """A TensorFlow Datasets dataset prepared in `data_dir` (by `tfds build` or a builder's
+    `download_and_prepare`), read from its files: nothing is downloaded. `name` is its TFDS name
+    (mnist, or name/config); x and y are its features `x_key` and `y_key` of the splits
+    `split_train` and `split_val` (TFDS's syntax: train[:90%]); uint8 inputs scaled to [0, 1]."""
+
+    name: str = "tfds"  # the choice's name: set dataset.name to the dataset's TFDS name
+    data_dir: str | None = None  # null: TFDS's own, $TFDS_DATA_DIR or ~/tensorflow_datasets
+    split_train: str = "train"
+    split_val: str = "test"
+    x_key: str = "image"
+    y_key: str = "label"
+
+    def check(self) -> None:
+        need(self.name != "tfds", "name", self.name,
+             "must be the TFDS name of a dataset prepared in data_dir, e.g. dataset.name=mnist")
+        super().check()
+
+
 def check_val_fraction(value: float) -> None:
     need(0 < value < 1, "val_fraction", value, "must be between 0 and 1 (exclusive)")
