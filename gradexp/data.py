@@ -7,7 +7,9 @@ float per example, the model has one output). A dataset that comes with its own 
 and `teacher` are generated from `dataset.seed`, `mnist1d` by the mnist1d package,
 `digits` ships inside the scikit-learn wheel, and `mnist`, `fashion_mnist`,
 `cifar10` are keras.datasets files, read from `dataset.cache_dir` (downloaded there when
-missing, if the network allows). The split into training and validation depends on
+missing, if the network allows); `arrays` (a user's loader) and `tfds` (a prepared TensorFlow
+Datasets dataset) come with their own split, read and checked by gradexp/external_data.py. The
+split into training and validation depends on
 `dataset.seed` only, so runs that differ in `seed` see the same data in a different order.
 """
 
@@ -24,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from gradexp import external_data
 from gradexp._tf import keras, tf
-from gradexp.config import ConfigError, Registry
+from gradexp.config import ConfigError, DatasetConfig, Registry
 
 DOWNLOAD_TIMEOUT_S = 30  # per connection attempt or read: a silent network fails in seconds
 LOADERS = Registry("dataset", "loader", "gradexp/data.py")
@@ -52,6 +55,13 @@ class Arrays:
     def num_outputs(self) -> int:
         """Logits per class, or one predicted value for regression."""
         return 1 if self.num_classes is None else self.num_classes
+
+    def record(self) -> dict:
+        """What a run trained on, for its summary.json: one example's shape, the classes (None:
+        a regression), the training examples (None: drawn fresh at every step), the held-out."""
+        return {"input_shape": list(self.input_shape), "num_classes": self.num_classes,
+                "train_examples": None if self.stream else len(self.x_train),
+                "val_examples": len(self.x_val)}
 
 
 @loader("digits")
@@ -225,9 +235,16 @@ def keras_images(d: DictConfig) -> tuple[np.ndarray, np.ndarray, int]:
         x, y = x[keep], y[keep]
     if x.ndim == 3:
         x = x[..., None]  # grey images get their channel axis
+    return unit_scaled(x), y.astype(np.int32), 10
+
+
+def unit_scaled(x: np.ndarray) -> np.ndarray:
+    """uint8 pixels as float32 in [0, 1], x / 255; any other array as it is."""
+    if x.dtype != np.uint8:
+        return x
     x = x.astype(np.float32)
     x /= 255.0  # in place: cifar10 is 0.7 GB as float32
-    return x, y.astype(np.int32), 10
+    return x
 
 
 def cache_dir(d: DictConfig) -> Path:
@@ -293,6 +310,33 @@ def keras_download_name(fname: str, extract: bool) -> str:
     return f"{fname}_archive" if extract and "." not in fname else fname
 
 
+# --------------------------------------------------------------------------- from outside
+@loader("arrays")
+def arrays(d: DictConfig) -> Arrays:
+    """The user's split: `d.load(**d.kwargs)` (its contract: external_data.CONTRACT), checked
+    and typed by `external_data.checked` (the task from the labels, `d.task`, `d.num_classes`)."""
+    train, val = external_data.user_splits(d)
+    return Arrays(*external_data.checked(f"dataset.load={d.load}", train, val, d.task,
+                                         d.num_classes))
+
+
+@loader("tfds")
+def tfds(d: DictConfig) -> Arrays:
+    """The TFDS dataset `d.name` prepared in `d.data_dir`, its splits `d.split_train` and
+    `d.split_val` (external_data.tfds_splits), uint8 inputs scaled to [0, 1], checked."""
+    (x_train, y_train), (x_val, y_val), num_classes = external_data.tfds_splits(d)
+    return Arrays(*external_data.checked(f"dataset.name={d.name}",
+                                         (unit_scaled(x_train), y_train),
+                                         (unit_scaled(x_val), y_val), d.task, num_classes))
+
+
+def choice(d: DictConfig) -> str:
+    """The dataset's choice (conf/dataset/<choice>.yaml), its schema's name: `d.name` but under
+    dataset=tfds, whose `name` is the TFDS dataset's."""
+    schema = OmegaConf.get_type(d)
+    return schema.name if isinstance(schema, type) and issubclass(schema, DatasetConfig) else d.name
+
+
 def load(d: DictConfig) -> Arrays:
     """The dataset of `cfg.dataset`, split into training and validation by `d.seed` (unless its
     loader returns its own split, as `Arrays`); with
@@ -306,7 +350,7 @@ def load(d: DictConfig) -> Arrays:
             return sample(np.random.default_rng([seed, d.seed, step]), n)
 
         return Arrays(x[:0], y[:0], x, y, d.get("num_classes"), stream)
-    loaded = LOADERS[d.name](d)
+    loaded = LOADERS[choice(d)](d)
     if isinstance(loaded, Arrays):  # the dataset's own split
         return loaded
     x, y, num_classes = loaded

@@ -355,6 +355,7 @@ def finish(run: Run, result: LoopResult, batch: dict | None = None) -> dict:
     run.state.save(result.step)
     summary = run_summary(result, run.cfg, run.overrides, run.where,
                           time.perf_counter() - run.started)
+    summary["data"] = run.arrays.record()
     if batch is not None:
         summary["batch"] = batch
     run.runlog.close(result.step, {"loss": summary["final_loss"], "val_loss": summary["val_loss"],

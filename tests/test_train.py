@@ -41,6 +41,8 @@ def test_cli_run_leaves_a_complete_run_directory(clipped_run):
     assert summary["status"] == "completed" and summary["diverged"] is False
     assert summary["steps"] == 30 and summary["config"]["clip"] == 0.1
     assert "clip=0.1" in summary["overrides"]
+    assert summary["data"] == {"input_shape": [32], "num_classes": 10,  # dataset=synthetic's
+                               "train_examples": 4096 - 819, "val_examples": 819}
     # progress lines, then one final line with loss, accuracy, time and directory
     lines = result.stdout.strip().splitlines()
     assert sum(line.startswith("step ") for line in lines) == 3

@@ -58,6 +58,9 @@ def check_positive(key: str, value: float) -> None:
     need(finite(value) and value > 0, key, value, "must be a positive number")
 
 
+DOTTED_PATH = "a dotted path such as my_package.module:function"  # what import_object takes
+
+
 def import_object(key: str, path: str) -> Any:
     """The object a dotted path names, `package.module:attribute` or `package.module.attribute`
     (the user's model builder, data loader, ...); ConfigError naming `key` if it does not import.
@@ -66,8 +69,7 @@ def import_object(key: str, path: str) -> Any:
     import sys
 
     module_name, _, attribute = path.partition(":") if ":" in path else path.rpartition(".")
-    need(bool(module_name and attribute), key, path,
-         "must be a dotted path such as my_package.module:function")
+    need(bool(module_name and attribute), key, path, f"must be {DOTTED_PATH}")
     if "" not in sys.path and "." not in sys.path:
         sys.path.append("")  # a user's module beside where gradexp runs
     try:

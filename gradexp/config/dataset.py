@@ -3,21 +3,30 @@ of one example. The loaders are in gradexp/data.py, registered under the same na
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 
-from gradexp.config.base import Choice, Registry, at_least, finite, need, one_of
+from gradexp.config.base import (
+    DOTTED_PATH,
+    Choice,
+    Registry,
+    at_least,
+    finite,
+    need,
+    one_of,
+)
 
 
 @dataclass
 class DatasetConfig(Choice):
-    """A dataset; `input_shape()` is the shape of one example."""
+    """A dataset; `input_shape()` is the shape of one example, None when only loading it tells
+    (then gradexp/step.py `make_step` checks that the model takes the loaded examples)."""
 
     OPTIONS: ClassVar[Registry] = Registry("dataset", "schema", "gradexp/config/dataset.py")
 
-    def input_shape(self) -> tuple[int, ...]:
+    def input_shape(self) -> tuple[int, ...] | None:
         raise NotImplementedError
 
 
@@ -181,6 +190,67 @@ class CIFAR10Config(KerasImagesConfig):
 
     name: str = "cifar10"
     SHAPE: ClassVar[tuple[int, ...]] = (32, 32, 3)
+
+
+TASKS = ("auto", "classification", "regression")
+
+
+def any_keys() -> DictConfig:
+    """An empty node that takes keys no schema declares: `dataset.kwargs.n=300` adds `n` (in a
+    node of the struct config, a new key would need a `+` in front)."""
+    return DictConfig({}, flags={"struct": False})
+
+
+@dataclass
+class LoadedConfig(DatasetConfig):
+    """Data from outside gradexp (gradexp/external_data.py), whose shapes and task only loading
+    tells. `task: auto` reads it from the labels: integers are class labels (num_classes: the
+    largest label + 1), floats the targets of a regression; `num_classes` sets the classes."""
+
+    name: str = MISSING
+    task: str = "auto"
+    num_classes: int | None = None
+
+    def input_shape(self) -> None:
+        return None
+
+    def check(self) -> None:
+        one_of("task", self.task, TASKS)
+        need(self.num_classes is None or self.num_classes >= 2, "num_classes", self.num_classes,
+             "must be an integer >= 2, or null (from the labels)")
+        need(self.num_classes is None or self.task != "regression", "num_classes",
+             self.num_classes, "must be null when dataset.task=regression")
+
+
+@dataclass
+class ArraysConfig(LoadedConfig):
+    """Your own data: `load`, a function by its dotted path (`my_pkg.data:load`), is called with
+    `kwargs` and returns ((x_train, y_train), (x_val, y_val)) as NumPy arrays, or a pair of
+    unbatched tf.data.Datasets of (x, y) elements, read into arrays."""
+
+    name: str = "arrays"
+    load: str = field(default=MISSING, metadata={"allowed": f"must be set to {DOTTED_PATH}"})
+    kwargs: dict[str, Any] = field(default_factory=any_keys)
+
+
+@dataclass
+class TFDSConfig(LoadedConfig):
+    """A TensorFlow Datasets dataset prepared in `data_dir` (by `tfds build` or a builder's
+    `download_and_prepare`), read from its files: nothing is downloaded. `name` is its TFDS name
+    (mnist, or name/config); x and y are its features `x_key` and `y_key` of the splits
+    `split_train` and `split_val` (TFDS's syntax: train[:90%]); uint8 inputs scaled to [0, 1]."""
+
+    name: str = "tfds"  # the choice's name: set dataset.name to the dataset's TFDS name
+    data_dir: str | None = None  # null: TFDS's own, $TFDS_DATA_DIR or ~/tensorflow_datasets
+    split_train: str = "train"
+    split_val: str = "test"
+    x_key: str = "image"
+    y_key: str = "label"
+
+    def check(self) -> None:
+        need(self.name != "tfds", "name", self.name,
+             "must be the TFDS name of a dataset prepared in data_dir, e.g. dataset.name=mnist")
+        super().check()
 
 
 def check_val_fraction(value: float) -> None:

@@ -48,8 +48,9 @@ def validate(cfg: DictConfig) -> None:
          "must be a positive number or null (null: no clipping)")
     # keras.utils.set_random_seed passes it to NumPy, which takes [0, 2**32 - 1] only
     need(0 <= cfg.seed <= 2**32 - 1, "seed", cfg.seed, "must be an integer in [0, 2**32 - 1]")
-    need(0 <= cfg.dataset.seed <= 2**32 - 1, "dataset.seed", cfg.dataset.seed,
-         "must be an integer in [0, 2**32 - 1]")
+    if "seed" in cfg.dataset:  # dataset=arrays and tfds have none
+        need(0 <= cfg.dataset.seed <= 2**32 - 1, "dataset.seed", cfg.dataset.seed,
+             "must be an integer in [0, 2**32 - 1]")
     one_of("device", cfg.device, DEVICES)
     one_of("precision", cfg.precision, PRECISIONS)
     one_of("strategy", cfg.strategy, STRATEGIES)
@@ -57,17 +58,31 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("trainer.on_divergence=continue, strategy=mirrored: skipping "
                           "non-finite updates works on one device only; use one of them")
     for group in CHECKED:
+        _no_missing(cfg[group], group)
         try:
             OmegaConf.to_object(cfg[group]).check()
         except ConfigError as exc:
             raise ConfigError(f"{group}.{exc}") from None
     dataset = OmegaConf.to_object(cfg.dataset)
-    check_model_takes(OmegaConf.to_object(cfg.model), dataset.name, dataset.input_shape())
+    if dataset.input_shape() is not None:  # else known once loaded: make_step checks it then
+        check_model_takes(OmegaConf.to_object(cfg.model), dataset.name, dataset.input_shape())
     low, high = clip_bounds(cfg)
     if low is not None and high is not None and low > high:
         raise ConfigError(f"layer.clip_min={show(low)}, layer.clip_max={show(high)}: "
                           "clip_min must not exceed clip_max")
     positions(cfg)
+
+
+def _no_missing(node: DictConfig, prefix: str) -> None:
+    """A key its YAML leaves ??? (MISSING) and the command line did not set: one line naming
+    it and what to set it to (its schema field's `metadata["allowed"]`)."""
+    schema = OmegaConf.get_type(node)
+    fields = {f.name: f for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(
+        schema) else {}
+    for key in node:
+        if OmegaConf.is_missing(node, key):
+            allowed = fields[key].metadata.get("allowed") if key in fields else None
+            need(False, f"{prefix}.{key}", "???", allowed or "must be set")
 
 
 def _unknown_keys(node: DictConfig, prefix: str = "") -> None:
