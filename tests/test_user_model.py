@@ -139,7 +139,7 @@ def test_a_subclassed_model_keeps_its_own_clip_layers(user_dir, make_cfg):
 def test_a_users_model_trains_from_the_command_line(user_dir):
     """Clip layers at two named layers: the run completes and logs both positions."""
     result = gradexp("gradexp.train", "model=keras", "model.build=my_models:make",
-                     "+model.kwargs.width=8", "clip=0.1", "layer.positions=[dense_a,dense_b]",
+                     "model.kwargs.width=8", "clip=0.1", "layer.positions=[dense_a,dense_b]",
                      *QUICK[:-1], "hydra.run.dir=run", cwd=user_dir)
     assert result.returncode == 0, result.stderr
     summary = json.loads((user_dir / "run" / "summary.json").read_text())
@@ -171,14 +171,14 @@ def test_any_keras_optimizer_by_name_with_its_arguments(make_cfg):
     from gradexp.optimizers import make_optimizer
 
     cfg = make_cfg("optimizer=keras", "optimizer.class_name=Lion",
-                   "optimizer.learning_rate=0.01", "+optimizer.kwargs.beta_1=0.95")
+                   "optimizer.learning_rate=0.01", "optimizer.kwargs.beta_1=0.95")
     made = make_optimizer(cfg.optimizer, "float32")
     assert type(made) is keras.optimizers.Lion
     assert (made.beta_1, float(made.learning_rate)) == (0.95, np.float32(0.01))
     for overrides, message in [
             (["optimizer.class_name=Nope"], r"^optimizer.class_name=Nope: no such Keras "
                                             r"optimizer; choose one of Adadelta, .*Lion, "),
-            (["optimizer.class_name=Lion", "+optimizer.kwargs.bogus=1"],
+            (["optimizer.class_name=Lion", "optimizer.kwargs.bogus=1"],
              r"^optimizer.kwargs: Lion refused them \(Argument\(s\) not recognized"),
             (["optimizer.class_name=os.path:join"], r"^optimizer.kwargs: os.path:join refused")]:
         cfg = make_cfg("optimizer=keras", *overrides)

@@ -84,6 +84,14 @@ def import_object(key: str, path: str) -> Any:
     return thing
 
 
+def any_keys() -> Any:
+    """An empty node that takes keys no schema declares (a function's keyword arguments):
+    `dataset.kwargs.n=300` adds `n` (in a node of the struct config, a new key needs a `+`)."""
+    from omegaconf import DictConfig
+
+    return DictConfig({}, flags={"struct": False})
+
+
 def schema_keys(schema: Any) -> list[str]:
     """The keys a schema dataclass declares, in order."""
     return [f.name for f in dataclasses.fields(schema)]

@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING
 
 from gradexp.config.base import (
     DOTTED_PATH,
     Choice,
     Registry,
+    any_keys,
     at_least,
     finite,
     need,
@@ -193,12 +194,6 @@ class CIFAR10Config(KerasImagesConfig):
 
 
 TASKS = ("auto", "classification", "regression")
-
-
-def any_keys() -> DictConfig:
-    """An empty node that takes keys no schema declares: `dataset.kwargs.n=300` adds `n` (in a
-    node of the struct config, a new key would need a `+` in front)."""
-    return DictConfig({}, flags={"struct": False})
 
 
 @dataclass

@@ -13,6 +13,7 @@ from gradexp.config.base import (
     Choice,
     ConfigError,
     Registry,
+    any_keys,
     at_least,
     finite,
     need,
@@ -176,7 +177,7 @@ class KerasModelConfig(ModelConfig):
 
     name: str = "keras"
     build: str = MISSING
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=any_keys)
     loss: str = "auto"
     INPUTS: ClassVar[tuple[str, ...] | None] = None  # whatever the user's model takes
     NEEDS: ClassVar[str] = "what its builder makes it for"

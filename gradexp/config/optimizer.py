@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
-from gradexp.config.base import Choice, Registry, finite, need
+from gradexp.config.base import Choice, Registry, any_keys, finite, need
 
 
 @dataclass
@@ -69,7 +69,7 @@ class KerasOptimizerConfig(OptimizerConfig):
     name: str = "keras"
     class_name: str = MISSING
     learning_rate: float = MISSING
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=any_keys)
 
     def check(self) -> None:
         check_learning_rate(self.learning_rate)
