@@ -17,11 +17,12 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from gradexp import rundir
 from gradexp.analysis.runs import YAML_LOADER, Run
 from gradexp.measures import search_objective
 from gradexp.search.record import SEARCH_RECORD, searched_keys
 
-MULTIRUN = "multirun.yaml"  # Hydra's record of the sweep, at its root
+MULTIRUN = rundir.SWEEP_RECORD  # Hydra's record of the sweep, at its root
 DEFAULT_OBJECTIVE = "final_loss"
 
 

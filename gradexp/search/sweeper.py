@@ -26,7 +26,7 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from gradexp import measures
+from gradexp import measures, rundir
 from gradexp.config import ConfigError, explain, validate
 from gradexp.search import record
 from gradexp.search.space import Dimension, SearchSpace, from_config
@@ -58,7 +58,7 @@ class SearchSweeper(Sweeper):
         distributions = {d.name: _distribution(optuna, d) for d in space.dimensions}
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        OmegaConf.save(self.config, sweep_dir / rundir.SWEEP_RECORD)
         log.info("search: %s", space.describe())
         returns, rows, configs, next_job = [], [], [], 0
         while len(rows) < space.n_trials:
