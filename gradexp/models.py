@@ -21,6 +21,7 @@ from gradexp.config import ClipSpec, Registry
 from gradexp.layers import ClipGradient
 
 HEAD = "head"  # every builder's output layer: logits, or the regression output
+CLIP_PREFIX = "clip_"  # the clip layer at position p is named clip_p (`position`)
 BUILDERS = Registry("model", "builder", "gradexp/models.py")
 model = BUILDERS.add  # @model("mlp"): the builder of model=mlp
 
@@ -226,7 +227,7 @@ def build(m: DictConfig, clip: ClipSpec, input_shape: tuple[int, ...],
     """
     tap = Tap(list(clip.positions), lambda name: ClipGradient(
         clip.clip_min, clip.clip_max, clip.scale, clip.grad_scale, max_norm=clip.max_norm,
-        norm_axis=clip.norm_axis, name=f"clip_{name}"))
+        norm_axis=clip.norm_axis, name=f"{CLIP_PREFIX}{name}"))
     inputs = keras.Input(input_shape, name="inputs")
     outputs = BUILDERS[m.name](m, inputs, num_outputs, tap)
     expected = OmegaConf.to_object(m).positions()
@@ -238,6 +239,12 @@ def build(m: DictConfig, clip: ClipSpec, input_shape: tuple[int, ...],
 def head(model: keras.Model):
     """The output layer (AGC leaves its parameters alone)."""
     return model.get_layer(HEAD)
+
+
+def position(layer: ClipGradient) -> str:
+    """Where a clip layer sits, as its columns name it: its name without `clip_` (the builders
+    name the layer at position p `clip_p`)."""
+    return layer.name.removeprefix(CLIP_PREFIX)
 
 
 def clip_layers(model: keras.Model) -> list[ClipGradient]:
