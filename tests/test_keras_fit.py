@@ -1,0 +1,227 @@
+"""gradexp.keras.Telemetry: model.fit writes gradexp's run directory. A fit step's row against
+gradexp's own step on the same weights and batch; a clipped and an unclipped fit run and a
+gradexp run summarized in one table, their event files read by TensorBoard's own loader; a
+diverging fit recorded as diverged; what the callback refuses, in one line."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import event_scalars, events, gradexp
+from gradexp import rundir
+from gradexp._tf import keras
+from gradexp.analysis.runs import read_metrics
+from gradexp.config import ConfigError
+from gradexp.keras import Telemetry
+from gradexp.layers import ClipGradient
+from gradexp.step import metric_names
+
+GLOBAL = metric_names([])  # the columns of every step but the clip layers'
+EXACT = ("param_clip/threshold", "param_clip/clipped", "learning_rate")  # set, not computed
+
+
+def regression(n=320, seed=0):
+    """y = 3·x·w: targets large enough that clip=0.1 bites under the batch-mean loss."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    return x, (x @ rng.normal(size=8) * 3).astype(np.float32)
+
+
+def two_clip_layers(clip, seed=0, outputs=1):
+    """A Functional MLP with a ClipGradient (±clip, None: unbounded) after each hidden layer."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8,))
+    x = inputs
+    for name in ("dense_1", "dense_2"):
+        x = keras.layers.Dense(16, activation="relu", name=name)(x)
+        x = ClipGradient(None if clip is None else -clip, clip, name=f"clip_{name}")(x)
+    return keras.Model(inputs, keras.layers.Dense(outputs, name="head")(x))
+
+
+def fit_run(run_dir, clip, lr=0.01, jit_compile=True, epochs=1, **fit):
+    """A regression fit with the callback into `run_dir`; returns the model and its history."""
+    x, y = regression()
+    model = two_clip_layers(clip)
+    model.compile(keras.optimizers.SGD(lr), "mse", jit_compile=jit_compile)
+    history = model.fit(x, y, batch_size=8, epochs=epochs, verbose=0,
+                        callbacks=[Telemetry(run_dir, seed=0)], **fit)
+    return model, history
+
+
+def summary_of(run_dir):
+    return json.loads((run_dir / rundir.SUMMARY).read_text())
+
+
+# ------------------------------------------------------------ the row against gradexp's step
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_a_fit_step_logs_what_gradexp_own_step_measures_on_the_same_weights_and_batch(
+        make_cfg, tmp_path, jit_compile):
+    """gradexp's model (clip layers at dense_1 and dense_2) trained by model.fit, Keras's SGD
+    with global_clipnorm; before each batch its weights are kept, and gradexp's own step
+    (loss_reduction=mean, clipping=global_norm, the same bound) is run on them and on that batch:
+    every column of each fit row is its row's, to float32 rounding; the ones set, not computed,
+    exactly. Three steps: the layers' statistics start from zero at every step."""
+    from gradexp import data
+    from gradexp.step import State, make_step
+
+    batch, steps, lr, bound = 16, 3, 0.1, 0.474
+    cfg = make_cfg("model.depth=2", "model.width=16", "clip=0.001", f"optimizer.learning_rate={lr}",
+                   "trainer.loss_reduction=mean", f"trainer.batch_size={batch}",
+                   "clipping=global_norm", f"clipping.max_norm={bound}")
+    arrays = data.load(cfg.dataset)
+    keras.utils.set_random_seed(cfg.seed)  # the weights, hence the norms below, are known
+    compiled = make_step(cfg, arrays)
+    model = compiled.model
+    x, y = arrays.x_train[:batch * steps], arrays.y_train[:batch * steps]
+    before = []
+
+    class KeepWeights(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            before.append([v.numpy() for v in model.variables])
+
+    model.compile(keras.optimizers.SGD(lr, momentum=0.9, global_clipnorm=bound),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=jit_compile)
+    model.fit(x, y, batch_size=batch, shuffle=False, verbose=0,
+              callbacks=[KeepWeights(), Telemetry(tmp_path)])
+    table = read_metrics(tmp_path / rundir.METRICS)
+    names = metric_names(["dense_1", "dense_2"])
+    assert list(table.columns) == ["step", *names, "loss/val", "accuracy/val"]
+    assert table["step"].tolist() == [1, 2, 3]
+
+    optimizer_values = [v.numpy() for v in compiled.optimizer.variables]
+    for k in range(steps):
+        state = State(before[k], optimizer_values, compiled.initial_carry())
+        _, row, _ = compiled.train(state, x[k * batch:(k + 1) * batch],
+                                   y[k * batch:(k + 1) * batch])
+        own = dict(zip(compiled.names, row.numpy(), strict=True))
+        for name in names:
+            fit_value = np.float32(table[name].iloc[k])
+            if name in EXACT:
+                assert fit_value == own[name], (k, name)
+            else:
+                np.testing.assert_allclose(fit_value, own[name], rtol=1e-6, err_msg=f"{k} {name}")
+        assert 0 < own["clip_fraction/dense_1"] < 1 and 0 < own["clip_fraction/dense_2"] < 1
+        assert own["grad_norm/dense_2/post"] < own["grad_norm/dense_2/pre"]
+    # global_clipnorm bit on some step and not on another: both branches compared
+    assert set(table["param_clip/clipped"]) == {0.0, 1.0}
+    assert (table["param_clip/threshold"] == np.float32(bound)).all()
+
+
+# --------------------------------------------------- fit runs and a gradexp run, summarized
+def test_fit_runs_and_a_gradexp_run_are_summarized_in_one_table(tmp_path):
+    """Two fit runs of 40 steps, clip=0.1 and unclipped, and a gradexp run, in one folder:
+    summarize counts the three, compares clip=0.1 with clip=null seed by seed, and puts the
+    gradexp run in a group of its own. Each fit run's event file holds metrics.csv's values
+    under the same tags, read by TensorBoard's loader."""
+    sweep = tmp_path / "sweep"
+    for name, clip in (("fit_clipped", 0.1), ("fit_unclipped", None)):
+        fit_run(sweep / name, clip, epochs=2, validation_split=0.2)
+    done = gradexp("gradexp.train", "trainer.steps=20", "trainer.log_every=10",
+                   "trainer.eval_every=20", "trainer.histogram_every=0", "model.width=8",
+                   "clip=0.1", f"hydra.run.dir={sweep / 'gradexp_run'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+    clipped, unclipped = (read_metrics(sweep / n / rundir.METRICS)
+                          for n in ("fit_clipped", "fit_unclipped"))
+    assert len(clipped) == len(unclipped) == 64  # 256 training examples / 8, two epochs
+    assert clipped["clip_fraction/dense_2"].mean() > 0.5
+    assert (unclipped["clip_fraction/dense_2"] == 0).all()
+    assert clipped["loss/train"].iloc[-6:].mean() > 2 * unclipped["loss/train"].iloc[-6:].mean()
+    evaluated = clipped.dropna(subset=["loss/val"])["step"].tolist()
+    assert evaluated == [32, 64]  # each epoch's last step
+    for name in ("fit_clipped", "fit_unclipped"):
+        summary = summary_of(sweep / name)
+        assert summary["status"] == rundir.COMPLETED and summary["steps"] == 64
+        table = read_metrics(sweep / name / rundir.METRICS)
+        assert summary["final_loss"] == pytest.approx(table["loss/train"].iloc[-6:].mean())
+        assert summary["val_loss"] == pytest.approx(table["loss/val"].iloc[-1])
+        assert summary["config"]["runner"] == "keras.fit"
+        assert (sweep / name / rundir.PROVENANCE).is_file()
+        acc = events(sweep / name)
+        by_step = table.set_index("step")
+        assert set(by_step.columns) <= set(acc.Tags()["tensors"])
+        for tag in by_step.columns:  # accuracy/val: NaN in both (a regression)
+            steps = [e.step for e in acc.Tensors(tag)]
+            assert steps == (evaluated if tag.endswith("/val") else list(range(1, 65))), tag
+            np.testing.assert_array_equal(event_scalars(acc, tag),
+                                          by_step.loc[steps, tag].to_numpy(np.float32), tag)
+        np.testing.assert_allclose(event_scalars(acc, "final/loss"), [summary["final_loss"]],
+                                   rtol=1e-6)
+
+    result = gradexp("gradexp.summarize", str(sweep), cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "skipped" not in result.stdout
+    runs = pd.read_csv(sweep / "runs.csv", dtype=str, keep_default_na=False)
+    assert sorted(runs["run"]) == ["fit_clipped", "fit_unclipped", "gradexp_run"]
+    assert set(runs["status"]) == {"completed"}
+    tidy = pd.read_csv(sweep / "summary.csv", dtype={"clip": str}, keep_default_na=False,
+                       na_values=[""])
+    final = tidy[tidy["metric"] == "final_loss"].set_index("group")
+    fit_clipped = next(g for g in final.index if "clip=0.1" in g and "optimizer=sgd" in g
+                       and "trainer.loss_reduction=mean" in g)
+    assert final.at[fit_clipped, "n_paired"] == 1  # against the unclipped fit run, seed 0
+    assert final.at[fit_clipped, "losses"] == 1  # clipping dy at 0.1 slowed it down
+    assert "clip=null" in final.at[fit_clipped, "baseline"]
+    assert final["runs"].sum() == 3 and len(final) == 3
+    lines = result.stdout.split("\n\n")[0].splitlines()  # the group table
+    header = next(line for line in lines if line.lstrip().startswith("clip"))
+    assert "Δ final_loss" in header
+    rows = [line for line in lines if line.split()[:1] in (["0.1"], ["null"])]
+    assert len(rows) == 3  # the two fit groups and the gradexp run's
+    assert any("0/1" in row for row in rows)  # the clipped fit run lost its pair
+    assert any("no pair" in row for row in rows)  # the gradexp run has no unclipped partner
+
+
+# --------------------------------------------------------------------------- divergence
+def test_a_diverging_fit_is_recorded_as_diverged_and_stops_there(tmp_path):
+    """A huge learning rate: the loss explodes at step 2; fit stops there (not a crash), the
+    run is `diverged` at step 2, its final loss the one step before."""
+    model, history = fit_run(tmp_path, None, lr=1e3, epochs=3)
+    summary = summary_of(tmp_path)
+    table = read_metrics(tmp_path / rundir.METRICS)
+    assert summary["status"] == rundir.DIVERGED and summary["diverged"] is True
+    assert summary["diverged_step"] == table["step"].iloc[-1] == summary["steps"] == 2
+    assert summary["final_loss"] == pytest.approx(table["loss/train"].iloc[0])
+    assert not np.isfinite(table["loss/train"].iloc[1]) or (
+        table["loss/train"].iloc[1] > 1000 * table["loss/train"].iloc[0])
+    assert len(history.history["loss"]) == 1  # fit stopped in its first epoch
+    assert "train_step" not in model.__dict__ and model.train_function is None
+
+
+# --------------------------------------------------------------------- refusals, baseline
+def test_what_the_callback_refuses_it_says_in_one_line(tmp_path):
+    x, y = regression(32)
+    model = two_clip_layers(0.1)
+    model.compile(keras.optimizers.SGD(0.01), "mse", steps_per_execution=2)
+    with pytest.raises(ConfigError, match="^Telemetry: steps_per_execution=2: the measurements "
+                                          "need every step"):
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[Telemetry(tmp_path / "a")])
+    assert not (tmp_path / "a").exists()  # refused before anything is written
+    fit_run(tmp_path / "b", 0.1)
+    with pytest.raises(ConfigError, match="holds a completed run already"):
+        fit_run(tmp_path / "b", 0.1)
+    with pytest.raises(ConfigError, match="log_every=0"):
+        Telemetry(tmp_path / "c", log_every=0)
+
+
+def test_a_model_without_clip_layers_logs_the_global_measurements(tmp_path, caplog):
+    x, y = regression(64)
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(8)(inputs)))
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    with caplog.at_level(logging.WARNING, logger="gradexp"):
+        model.fit(x, y, batch_size=16, verbose=0, callbacks=[Telemetry(tmp_path)])
+    assert "has no ClipGradient layer; logging the loss and the global gradient norm only" in (
+        caplog.text)
+    table = read_metrics(tmp_path / rundir.METRICS)
+    assert list(table.columns) == ["step", *GLOBAL, "loss/val", "accuracy/val"]
+    assert table[GLOBAL].notna().all().all() and (table["grad_norm/global"] > 0).all()
+    config = summary_of(tmp_path)["config"]
+    assert config["layer"]["positions"] == [] and config["optimizer"]["name"] == "adam"
