@@ -1,33 +1,40 @@
 """model.fit's training step, measured as gradexp measures its own (gradexp/step.py): what
 gradexp.keras.Telemetry adds to a model's `train_step` for the length of one `fit`.
 
-Keras's train_step computes the gradients itself and watches no clip layer's statistics probe,
-so each measurement is taken where the step hands a value over, while the step is traced:
+gradexp's step reads a clip layer's statistics as the gradient of its probe, the zero vector
+`gradient_stats` it watches (gradexp/layers.py). Keras's train_step has its own tape and asks
+it for the gradients of model.trainable_weights only; so while the step is traced, the tape is
+made to watch the probes too and, at that call, to give their gradients with the parameters':
 
-    model.compute_loss(...)       loss/train: what it returns (the compiled loss and
-                                  model.losses, reduced as the loss says: by default the batch
-                                  mean, gradexp's trainer.loss_reduction=mean)
-    optimizer.apply(grads, vars)  before the update: grad_norm/global and /post,
-                                  param_clip/threshold and /clipped (`step.update_metrics`, the
-                                  optimizer's own clipnorm / clipvalue / global_clipnorm
-                                  measured as gradexp.clipping's norm / value / global_norm,
-                                  which clip as Keras does; none: ‖g‖ as it is), learning_rate
-    each ClipGradient's backward  grad_norm/<p>/pre and /post, clip_fraction/<p>
-                                  (`step.layer_metrics` of [Σ g², Σ dx², changed, count], which
-                                  the layer adds to a variable of its own: `record_into`)
+    with tf.GradientTape() as tape:      the tape watches every clip layer's probe
+        ...                              (Keras's forward pass and loss)
+    tape.gradient(loss, model.trainable_weights)
+        → the parameters' gradients, handed back as asked; and, measured there, before the
+          optimizer's update:
+          loss/train          the loss the gradients are of (Keras's compiled loss and
+                              model.losses, reduced as the loss says: by default the batch
+                              mean, gradexp's trainer.loss_reduction=mean)
+          grad_norm/global and /post, param_clip/threshold and /clipped (`step.update_metrics`;
+                              the optimizer's own clipnorm / clipvalue / global_clipnorm are
+                              measured as gradexp.clipping's norm / value / global_norm, which
+                              clip as Keras does), learning_rate
+          grad_norm/<p>/pre and /post, clip_fraction/<p> of each clip layer at position p
+                              (`step.layer_metrics` of its probe's gradient, [Σ g², Σ dx²,
+                              changed, count], summed over every application: the time steps of
+                              a recurrent cell, inside Keras's while loop, too)
 
-The two methods are replaced on the instance only while the step is traced (`patched`); the
-values go into one float32 variable, `row` (columns `names`, gradexp's `step.metric_names`),
-set to NaN and the layers' variables to zero at the start of every step, which the callback
-reads after each batch. Side effects on variables, not extra outputs of the step: Keras's logs
-and its progress bar stay as they are, and the row survives jit_compile (XLA keeps a
-function's variable updates in order) and run_eagerly alike. Any train_step that calls those
-two methods is measured, Keras's own or a user's.
+These go into one float32 variable, `row` (columns `names`, gradexp's `step.metric_names`),
+which the callback reads after each batch. A variable, not extra outputs of the step: Keras's
+logs and progress bar stay as they are; XLA keeps the write (jit_compile on or off, run_eagerly
+alike). `tf.GradientTape`'s __enter__ and gradient are replaced only while the step is traced,
+in the tracing thread's time (every other tape passes through: it merely also watches the
+probes), and put back after; the model's train_step is wrapped for one fit. Any train_step
+that takes `tape.gradient(loss, model.trainable_weights)`, Keras's own or a user's, is measured.
 
-Limits, each refused in one line (ConfigError): steps_per_execution > 1 (the variables would
-hold only a call's last step), more than one replica (the variables are not mirrored),
-loss scaling (mixed_float16's LossScaleOptimizer, loss_scale_factor: the gradients and the
-layers' dy would be in scaled units), and a train_step that does not call both methods.
+Limits, each refused in one line (ConfigError): steps_per_execution > 1 (the variable holds a
+call's last step only), more than one replica (the variable is not mirrored), loss scaling
+(mixed_float16's LossScaleOptimizer, loss_scale_factor: the gradients and the loss would be in
+scaled units), and a train_step that takes no such gradient.
 """
 
 from __future__ import annotations
@@ -42,13 +49,12 @@ from gradexp.config import ConfigError
 from gradexp.layers import STATS
 
 _MISSING = object()
-HOOKED = ("model.compute_loss", "optimizer.apply")
 
 
 class MeasuredStep:
-    """The measured train_step of `model` (compiled), its parameter clipping read as the
-    gradexp.clipping config node `clip` (fit_config.clipping): `install()` before the train
-    function is made, `remove()` after fit; `row` holds the last step's measurements."""
+    """The measured train_step of the compiled `model`, its parameter clipping read as the
+    gradexp.clipping config node `clip` (fit_config.clipping): `install()` before fit's first
+    step, `remove()` after it; `row` holds the last step's measurements."""
 
     def __init__(self, model, clip: dict):
         check(model)
@@ -58,16 +64,16 @@ class MeasuredStep:
         self.names = tuple(step.metric_names(self.positions))
         self.method = clipping.make_clipper(OmegaConf.create(clip), [])
         self.row = tf.Variable(tf.fill([len(self.names)], float("nan")), trainable=False)
-        self.stats = [tf.Variable(tf.zeros([len(STATS)]), trainable=False)
-                      for _ in self.layers]
         self._train_step = None
 
     def install(self) -> None:
-        """Measure from the next trace on: the model's train_step wrapped, its layers recording;
-        the train function made again (fit made it before any callback began)."""
+        """Measure from the next trace on: the model's train_step wrapped (a wrapper a fit
+        that raised left behind is taken off first), the train function made again (fit made
+        it before any callback began)."""
+        stale = getattr(self.model.train_step, "measured", None)
+        if stale is not None:
+            stale.remove()
         self._train_step = Patch(self.model, "train_step", self.wrap(self.model.train_step))
-        for layer, variable in zip(self.layers, self.stats, strict=True):
-            layer.record_into(variable)
         self.model.make_train_function(force=True)
 
     def remove(self) -> None:
@@ -75,58 +81,62 @@ class MeasuredStep:
         if self._train_step is not None:
             self._train_step.undo()
             self._train_step = None
-        for layer in self.layers:
-            layer.record_into(None)
         self.model.train_function = None
 
     def wrap(self, train_step):
         def measured_train_step(data):
-            self.row.assign(tf.fill([len(self.names)], float("nan")))
-            for variable in self.stats:
-                variable.assign(tf.zeros([len(STATS)]))
-            called: set[str] = set()
-            with self.hooks(called):
+            measured: list[bool] = []
+            with self.watching(measured):
                 logs = train_step(data)
-            missing = [name for name in HOOKED if name not in called]
-            if missing:
-                raise ConfigError(f"Telemetry: the model's train_step calls no "
-                                  f"{' and no '.join(missing)}, where the measurements are taken")
-            self.write({name: value for position, variable in zip(
-                self.positions, self.stats, strict=True)
-                for name, value in step.layer_metrics(position, variable.read_value()).items()})
+            if not measured:
+                self.remove()
+                raise ConfigError("Telemetry: the model's train_step takes no tape.gradient of "
+                                  "its loss with respect to model.trainable_weights")
             return logs
 
+        measured_train_step.measured = self
         return measured_train_step
 
     @contextmanager
-    def hooks(self, called: set):
-        """model.compute_loss and optimizer.apply, measured (adding their names to `called`)."""
-        model, optimizer = self.model, self.model.optimizer
-        compute_loss, apply = model.compute_loss, optimizer.apply
+    def watching(self, measured: list):
+        """tf.GradientTape made to watch the probes and, asked for the gradients of
+        model.trainable_weights, to measure the step (appending True to `measured`)."""
+        probes = [layer.gradient_stats.value for layer in self.layers]
+        tape_class = tf.GradientTape
+        enter, gradient = tape_class.__enter__, tape_class.gradient
 
-        def measured_compute_loss(*args, **kwargs):
-            loss = compute_loss(*args, **kwargs)
-            self.write({"loss/train": loss})
-            called.add(HOOKED[0])
-            return loss
+        def watching_enter(tape):
+            entered = enter(tape)
+            tape.watch(probes)
+            return entered
 
-        def measured_apply(grads, trainable_variables=None):
-            params = list(grads if trainable_variables is None else trainable_variables)
-            # the stateless methods count the parameters, nothing more
-            _, _, c = self.method.update(list(grads), self.method.init(params), params)
-            self.write(step.update_metrics(c, tf.cast(optimizer.learning_rate, tf.float32)))
-            called.add(HOOKED[1])
-            return apply(grads, trainable_variables)
+        def measuring_gradient(tape, target, sources, *args, **kwargs):
+            params = self.model.trainable_weights
+            if not isinstance(sources, (list, tuple)) or list(map(id, sources)) != list(
+                    map(id, params)):
+                return gradient(tape, target, sources, *args, **kwargs)
+            grads, stats = gradient(tape, target, [list(sources), probes], *args, **kwargs)
+            self.measure(target, grads, params, stats)
+            measured.append(True)
+            return type(sources)(grads)
 
-        with patched(model, "compute_loss", measured_compute_loss), \
-                patched(optimizer, "apply", measured_apply):
+        tape_class.__enter__, tape_class.gradient = watching_enter, measuring_gradient
+        try:
             yield
+        finally:
+            tape_class.__enter__, tape_class.gradient = enter, gradient
 
-    def write(self, metrics: dict) -> None:
-        """Set the columns of `metrics` in `row`."""
-        if metrics:
-            indices = [[self.names.index(name)] for name in metrics]
-            self.row.scatter_nd_update(indices, step.as_row(metrics, list(metrics)))
+    def measure(self, loss, grads, params, stats) -> None:
+        """Write the step's row: the loss, the parameter clipping's stats of the gradients and
+        the learning rate (before the update), each clip layer's statistics."""
+        _, _, c = self.method.update(list(grads), self.method.init(params), params)
+        optimizer = self.model.optimizer
+        metrics = {"loss/train": loss,
+                   **step.update_metrics(c, tf.cast(optimizer.learning_rate, tf.float32))}
+        for position, s in zip(self.positions, stats, strict=True):
+            s = tf.zeros([len(STATS)]) if s is None else s  # one the loss does not reach
+            metrics.update(step.layer_metrics(position, s))
+        self.row.assign(step.as_row(metrics, self.names))
 
 
 def check(model) -> None:
@@ -144,8 +154,7 @@ def check(model) -> None:
     if (getattr(optimizer, "dynamic_scale", None) is not None
             or getattr(optimizer, "loss_scale_factor", None) is not None):
         raise ConfigError("Telemetry: a loss-scaled optimizer (mixed_float16, "
-                          "loss_scale_factor) is not supported; train in float32 or "
-                          "mixed_bfloat16")
+                          "loss_scale_factor) is not supported; train in float32")
 
 
 class Patch:
@@ -161,12 +170,3 @@ class Patch:
             delattr(self.obj, self.name)
         else:
             setattr(self.obj, self.name, self.own)
-
-
-@contextmanager
-def patched(obj, name: str, value):
-    patch = Patch(obj, name, value)
-    try:
-        yield
-    finally:
-        patch.undo()

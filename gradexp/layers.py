@@ -23,11 +23,6 @@ second input, and the "gradient" it returns for that input is, in true units,
 
 A training step that watches the vector reads these with `tape.gradient`. The entries add up,
 so they stay right when a layer is applied at many time steps or on several replicas.
-
-A training step it does not own (Keras's own, in `model.fit`) cannot watch the vector; for it
-`record_into(variable)` makes the backward pass also add the same vector to a float32 variable
-of 4 (`variable += [Σ g², Σ dx², changed, count]`, a side effect its owner resets every step:
-gradexp/fit_step.py). Off by default: gradexp's own step stays free of side effects.
 """
 
 from __future__ import annotations
@@ -99,8 +94,7 @@ def _backward(dy, clip_min, clip_max, max_norm, grad_scale, loss_scale, per_exam
 
 
 def clip_gradient(x, clip_min=None, clip_max=None, scale=1.0, grad_scale=1.0, *,
-                  max_norm=None, norm_axis="batch", loss_scale=None, stats=None, bounds=None,
-                  record=None):
+                  max_norm=None, norm_axis="batch", loss_scale=None, stats=None, bounds=None):
     """y = scale·x forward; dx = clip_by_value(grad_scale·dy, clip_min, clip_max) backward.
 
     max_norm / norm_axis add a norm bound on dx; loss_scale (a float32 scalar tensor or
@@ -109,8 +103,6 @@ def clip_gradient(x, clip_min=None, clip_max=None, scale=1.0, grad_scale=1.0, *,
     `bounds`, a float32 tensor [low, high] (±inf: no bound), takes the place of clip_min and
     clip_max: bounds that are data, not program, so that runs differing only in them share
     one compiled step (gradexp/engine.py). Clipping to ±inf leaves dy as it is, bit for bit.
-    `record`: a float32 variable of 4 the backward pass adds the statistics to (the module
-    docstring).
     """
     if norm_axis not in NORM_AXES:
         raise ValueError(f"norm_axis={norm_axis}: must be one of {', '.join(NORM_AXES)}")
@@ -130,8 +122,6 @@ def clip_gradient(x, clip_min=None, clip_max=None, scale=1.0, grad_scale=1.0, *,
             low, high = (bounds[0], bounds[1]) if given else (clip_min, clip_max)
             dx, stats_grad = _backward(dy, low, high, max_norm, grad_scale, s,
                                        norm_axis == "example")
-            if record is not None:
-                record.assign_add(stats_grad)
             return dx, stats_grad, tf.zeros_like(bounds)
 
         return (x if scale == 1.0 else tf.cast(scale, x.dtype) * x), grad
@@ -144,8 +134,7 @@ class ClipGradient(keras.layers.Layer):
     """Keras layer form of `clip_gradient`; its `gradient_stats` weight carries the statistics.
 
     `follow_loss_scale(variable)` tells the layer where the mixed-precision loss scale lives
-    (e.g. a LossScaleOptimizer's `dynamic_scale`); `record_into(variable)` where its backward
-    pass adds its statistics (None: nowhere, the default). Neither is part of the layer's config.
+    (e.g. a LossScaleOptimizer's `dynamic_scale`); it is not part of the layer's config.
     """
 
     # Keras reads this signature when it makes the layer: mutation testing leaves it whole
@@ -163,15 +152,10 @@ class ClipGradient(keras.layers.Layer):
         self.scale, self.grad_scale = scale, grad_scale
         self.max_norm, self.norm_axis = max_norm, norm_axis
         self._loss_scale = lambda: None  # a function, so Keras does not track the variable
-        self._record = lambda: None  # the same
         self.supports_masking = True
 
     def follow_loss_scale(self, variable) -> None:
         self._loss_scale = lambda: variable
-
-    def record_into(self, variable) -> None:
-        """Add the backward pass's statistics to `variable` from the next trace on (None: stop)."""
-        self._record = lambda: variable
 
     def build(self, input_shape):
         self.gradient_stats = self.add_weight(
@@ -189,7 +173,7 @@ class ClipGradient(keras.layers.Layer):
             x, self.clip_min, self.clip_max, self.scale, self.grad_scale,
             max_norm=self.max_norm, norm_axis=self.norm_axis, loss_scale=self._loss_scale(),
             stats=tf.convert_to_tensor(self.gradient_stats),
-            bounds=tf.convert_to_tensor(self.clip_bounds), record=self._record())
+            bounds=tf.convert_to_tensor(self.clip_bounds))
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -32,7 +32,7 @@ def regression(n=320, seed=0):
     return x, (x @ rng.normal(size=8) * 3).astype(np.float32)
 
 
-def two_clip_layers(clip, seed=0, outputs=1):
+def two_clip_layers(clip, seed=0, model_class=keras.Model):
     """A Functional MLP with a ClipGradient (±clip, None: unbounded) after each hidden layer."""
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((8,))
@@ -40,13 +40,13 @@ def two_clip_layers(clip, seed=0, outputs=1):
     for name in ("dense_1", "dense_2"):
         x = keras.layers.Dense(16, activation="relu", name=name)(x)
         x = ClipGradient(None if clip is None else -clip, clip, name=f"clip_{name}")(x)
-    return keras.Model(inputs, keras.layers.Dense(outputs, name="head")(x))
+    return model_class(inputs, keras.layers.Dense(1, name="head")(x))
 
 
-def fit_run(run_dir, clip, lr=0.01, jit_compile=True, epochs=1, **fit):
+def fit_run(run_dir, clip, lr=0.01, jit_compile=True, epochs=1, model_class=keras.Model, **fit):
     """A regression fit with the callback into `run_dir`; returns the model and its history."""
     x, y = regression()
-    model = two_clip_layers(clip)
+    model = two_clip_layers(clip, model_class=model_class)
     model.compile(keras.optimizers.SGD(lr), "mse", jit_compile=jit_compile)
     history = model.fit(x, y, batch_size=8, epochs=epochs, verbose=0,
                         callbacks=[Telemetry(run_dir, seed=0)], **fit)
@@ -58,21 +58,15 @@ def summary_of(run_dir):
 
 
 # ------------------------------------------------------------ the row against gradexp's step
-@pytest.mark.parametrize("jit_compile", [True, False])
-def test_a_fit_step_logs_what_gradexp_own_step_measures_on_the_same_weights_and_batch(
-        make_cfg, tmp_path, jit_compile):
-    """gradexp's model (clip layers at dense_1 and dense_2) trained by model.fit, Keras's SGD
-    with global_clipnorm; before each batch its weights are kept, and gradexp's own step
-    (loss_reduction=mean, clipping=global_norm, the same bound) is run on them and on that batch:
-    every column of each fit row is its row's, to float32 rounding; the ones set, not computed,
-    exactly. Three steps: the layers' statistics start from zero at every step."""
+def fit_and_own_rows(cfg, run_dir, optimizer, steps=3, **compile_kwargs):
+    """gradexp's model of `cfg` (seeded), trained by model.fit with `optimizer` and the callback
+    for `steps` batches of trainer.batch_size, unshuffled; before each batch its weights are
+    kept, and gradexp's own step of `cfg` is run on them and on that batch. Returns (the fit's
+    metrics.csv, gradexp's rows as {name: value}, the clip layers' positions)."""
     from gradexp import data
     from gradexp.step import State, make_step
 
-    batch, steps, lr, bound = 16, 3, 0.1, 0.474
-    cfg = make_cfg("model.depth=2", "model.width=16", "clip=0.001", f"optimizer.learning_rate={lr}",
-                   "trainer.loss_reduction=mean", f"trainer.batch_size={batch}",
-                   "clipping=global_norm", f"clipping.max_norm={bound}")
+    batch = cfg.trainer.batch_size
     arrays = data.load(cfg.dataset)
     keras.utils.set_random_seed(cfg.seed)  # the weights, hence the norms below, are known
     compiled = make_step(cfg, arrays)
@@ -84,33 +78,71 @@ def test_a_fit_step_logs_what_gradexp_own_step_measures_on_the_same_weights_and_
         def on_train_batch_begin(self, batch, logs=None):
             before.append([v.numpy() for v in model.variables])
 
-    model.compile(keras.optimizers.SGD(lr, momentum=0.9, global_clipnorm=bound),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  jit_compile=jit_compile)
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  **compile_kwargs)
     model.fit(x, y, batch_size=batch, shuffle=False, verbose=0,
-              callbacks=[KeepWeights(), Telemetry(tmp_path)])
-    table = read_metrics(tmp_path / rundir.METRICS)
-    names = metric_names(["dense_1", "dense_2"])
-    assert list(table.columns) == ["step", *names, "loss/val", "accuracy/val"]
-    assert table["step"].tolist() == [1, 2, 3]
-
+              callbacks=[KeepWeights(), Telemetry(run_dir)])
     optimizer_values = [v.numpy() for v in compiled.optimizer.variables]
+    own = []
     for k in range(steps):
         state = State(before[k], optimizer_values, compiled.initial_carry())
         _, row, _ = compiled.train(state, x[k * batch:(k + 1) * batch],
                                    y[k * batch:(k + 1) * batch])
-        own = dict(zip(compiled.names, row.numpy(), strict=True))
+        own.append(dict(zip(compiled.names, row.numpy(), strict=True)))
+    positions = [n.split("/")[1] for n in compiled.names if n.startswith("clip_fraction/")]
+    return read_metrics(run_dir / rundir.METRICS), own, positions
+
+
+def assert_same_rows(table, own, positions):
+    """Every column of each fit row is gradexp's, to float32 rounding; those set, not
+    computed, exactly."""
+    names = metric_names(positions)
+    assert list(table.columns) == ["step", *names, "loss/val", "accuracy/val"]
+    assert table["step"].tolist() == list(range(1, len(own) + 1))
+    for k, row in enumerate(own):
         for name in names:
             fit_value = np.float32(table[name].iloc[k])
             if name in EXACT:
-                assert fit_value == own[name], (k, name)
+                assert fit_value == row[name], (k, name)
             else:
-                np.testing.assert_allclose(fit_value, own[name], rtol=1e-6, err_msg=f"{k} {name}")
-        assert 0 < own["clip_fraction/dense_1"] < 1 and 0 < own["clip_fraction/dense_2"] < 1
-        assert own["grad_norm/dense_2/post"] < own["grad_norm/dense_2/pre"]
+                np.testing.assert_allclose(fit_value, row[name], rtol=1e-6, err_msg=f"{k} {name}")
+
+
+@pytest.mark.parametrize("mode", [{"jit_compile": True}, {"jit_compile": False},
+                                  {"run_eagerly": True}], ids=["xla", "graph", "eager"])
+def test_a_fit_step_logs_what_gradexp_own_step_measures_on_the_same_weights_and_batch(
+        make_cfg, tmp_path, mode):
+    """An MLP with clip layers at dense_1 and dense_2, Keras's SGD with global_clipnorm against
+    gradexp's step with loss_reduction=mean, clipping=global_norm, the same bound. Three steps:
+    the layers' statistics start from zero at every step."""
+    lr, bound = 0.1, 0.474
+    cfg = make_cfg("model.depth=2", "model.width=16", "clip=0.001", f"optimizer.learning_rate={lr}",
+                   "trainer.loss_reduction=mean", "trainer.batch_size=16",
+                   "clipping=global_norm", f"clipping.max_norm={bound}")
+    table, own, positions = fit_and_own_rows(
+        cfg, tmp_path, keras.optimizers.SGD(lr, momentum=0.9, global_clipnorm=bound), **mode)
+    assert positions == ["dense_1", "dense_2"]
+    assert_same_rows(table, own, positions)
+    for row in own:  # the bounds are at work in both layers
+        assert 0 < row["clip_fraction/dense_1"] < 1 and 0 < row["clip_fraction/dense_2"] < 1
+        assert row["grad_norm/dense_2/post"] < row["grad_norm/dense_2/pre"]
     # global_clipnorm bit on some step and not on another: both branches compared
     assert set(table["param_clip/clipped"]) == {0.0, 1.0}
     assert (table["param_clip/threshold"] == np.float32(bound)).all()
+
+
+def test_a_clip_layer_inside_the_recurrence_adds_up_over_the_time_steps(make_cfg, tmp_path):
+    """gradexp's RNN, a clip layer in its cell (applied at every time step, inside Keras's
+    while loop) and one after it; Adam with clipnorm (gradexp's clipping=norm)."""
+    cfg = make_cfg("model=rnn", "dataset=digits", "model.units=8", "clip=0.01",
+                   "trainer.loss_reduction=mean",
+                   "trainer.batch_size=16", "optimizer=adam", "optimizer.learning_rate=0.01",
+                   "clipping=norm", "clipping.max_norm=0.1")
+    table, own, positions = fit_and_own_rows(
+        cfg, tmp_path, keras.optimizers.Adam(0.01, clipnorm=0.1), steps=2)
+    assert positions == ["rnn_1_state", "rnn_1"]
+    assert_same_rows(table, own, positions)
+    assert (table["clip_fraction/rnn_1_state"] > 0).all()
 
 
 # --------------------------------------------------- fit runs and a gradexp run, summarized
@@ -225,3 +257,65 @@ def test_a_model_without_clip_layers_logs_the_global_measurements(tmp_path, capl
     assert table[GLOBAL].notna().all().all() and (table["grad_norm/global"] > 0).all()
     config = summary_of(tmp_path)["config"]
     assert config["layer"]["positions"] == [] and config["optimizer"]["name"] == "adam"
+
+
+class OwnStep(keras.Model):
+    """A train_step of the user's own, as Keras's guide writes one."""
+
+    def train_step(self, data):
+        from gradexp._tf import tf
+
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        return {"loss": loss}
+
+
+class NoGradient(keras.Model):
+    def train_step(self, data):
+        return {}
+
+
+def test_a_train_step_of_the_users_own_is_measured_as_keras_own_is(tmp_path):
+    """The same weights and batches through Keras's train_step and through OwnStep: the same
+    rows. A train_step that takes no gradient is refused in one line, the model left as it
+    was."""
+    fit_run(tmp_path / "keras", 0.1)
+    fit_run(tmp_path / "own", 0.1, model_class=OwnStep)
+    keras_rows, own_rows = (read_metrics(tmp_path / n / rundir.METRICS) for n in ("keras", "own"))
+    assert len(own_rows) == 40 and (own_rows["clip_fraction/dense_2"] > 0).any()
+    pd.testing.assert_frame_equal(own_rows, keras_rows, rtol=1e-6)
+    model = two_clip_layers(0.1, model_class=NoGradient)
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    with pytest.raises(ConfigError, match="^Telemetry: the model's train_step takes no "
+                                          "tape.gradient of its loss with respect to "
+                                          "model.trainable_weights$"):
+        model.fit(*regression(16), batch_size=8, verbose=0,
+                  callbacks=[Telemetry(tmp_path / "none")])
+    assert "train_step" not in model.__dict__ and model.train_function is None
+
+
+def test_a_fit_that_raised_leaves_a_run_the_next_telemetry_does_not_trip_over(tmp_path):
+    """A fit that raises mid-way (here a callback of the user's) leaves its run `running`, as a
+    killed run, and the model's step wrapped (Keras tells no callback of an exception); the next
+    fit with Telemetry takes that wrapper off and measures once, and leaves the model clean."""
+
+    class Boom(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                raise RuntimeError("boom")
+
+    x, y = regression(64)
+    model = two_clip_layers(0.1)
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    with pytest.raises(RuntimeError, match="boom"):
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[Telemetry(tmp_path / "a"), Boom()])
+    assert summary_of(tmp_path / "a")["status"] == rundir.RUNNING
+    assert "train_step" in model.__dict__
+    model.fit(x, y, batch_size=8, verbose=0, callbacks=[Telemetry(tmp_path / "b")])
+    table = read_metrics(tmp_path / "b" / rundir.METRICS)
+    assert table["step"].tolist() == list(range(1, 9)) and table["loss/train"].notna().all()
+    assert summary_of(tmp_path / "b")["status"] == rundir.COMPLETED
+    assert "train_step" not in model.__dict__ and model.train_function is None
