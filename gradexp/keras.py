@@ -18,10 +18,24 @@ runs alike, in one table:
     .hydra/               config.yaml and overrides.yaml: the run's settings, read off the
                           model (gradexp/fit_config.py), for summarize to group runs by
 
+How the statistics reach the callback (gradexp/fit_step.py): for one fit the model's
+train_step is wrapped; while it is traced, Keras's own tape watches every clip layer's probe
+(`gradient_stats`) and, asked for the gradients of model.trainable_weights, gives the probes'
+too: gradexp's own mechanism, so a layer applied at many time steps (a Keras RNN cell, inside
+its while loop) is summed as in gradexp. The step writes its row into a variable the callback
+reads after each batch. Chosen over layers that write a variable in their backward pass (TF
+refuses a variable written inside a while loop's gradient) and over a train_step of gradexp's
+own (it would replace a user's, and copy Keras's private parts). Works with jit_compile on or
+off and run_eagerly, for Keras's train_step or a user's that takes that gradient. A clip
+layer's position is its name without a leading `clip_` (models.position): name the one after
+dense_1 `clip_dense_1` and its columns say dense_1, as gradexp's (unnamed, Keras calls them
+clip_gradient, clip_gradient_1: positions gradient, gradient_1).
+
 Not measured in fit: the per-layer telemetry (param_grad_norm/<layer>, update_norm, ...), the
 gradient histograms, checkpoints (a fit run is not resumable). One fit is one run: a run_dir
 that holds a run already is refused. A fit that raises leaves its summary.json `running`,
-as a killed run (Keras tells a callback nothing of an exception).
+as a killed run (Keras tells a callback nothing of an exception), and the model's train_step
+wrapped until the next fit with Telemetry takes the wrapper off.
 
 A model without ClipGradient layers is measured all the same, globally (loss, ‖g‖, learning
 rate): a baseline without clip layers, which a warning line names as such.
