@@ -319,3 +319,43 @@ def test_a_fit_that_raised_leaves_a_run_the_next_telemetry_does_not_trip_over(tm
     assert table["step"].tolist() == list(range(1, 9)) and table["loss/train"].notna().all()
     assert summary_of(tmp_path / "b")["status"] == rundir.COMPLETED
     assert "train_step" not in model.__dict__ and model.train_function is None
+
+
+def test_the_record_reads_the_settings_off_the_model_in_gradexps_keys():
+    """fit_config.record: bounds ±c as clip=c, asymmetric ones as layer.clip_min/max, a key the
+    layers differ on as their list; Keras's clipnorm as clipping=norm; Adam's learning rate as
+    float32 spells it; a Loss object's reduction; the user's settings, in config and overrides."""
+    from gradexp import fit_config
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,))
+    x = ClipGradient(-0.1, 0.1, name="clip_a")(keras.layers.Dense(4, name="a")(inputs))
+    x = ClipGradient(-0.1, 0.1, scale=2.0, name="clip_b")(keras.layers.Dense(4, name="b")(x))
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(x), name="two")
+    model.compile(keras.optimizers.Adam(1e-3, clipnorm=0.5),
+                  keras.losses.MeanSquaredError(reduction="sum"))
+    clip = fit_config.clipping(model.optimizer)
+    assert clip == {"name": "norm", "max_norm": 0.5}
+    config, overrides = fit_config.record(model, clip, 100, 3, 1000.0, {"dataset.name": "toy"})
+    assert overrides == ["clip=0.1", "layer.scale=[1.0,2.0]", "optimizer=adam",
+                         "optimizer.learning_rate=0.001", "clipping=norm",
+                         "clipping.max_norm=0.5", "trainer.loss_reduction=sum", "seed=3",
+                         "dataset.name=toy"]
+    assert config["layer"] == {"clip_min": None, "clip_max": None, "scale": [1.0, 2.0],
+                               "grad_scale": 1.0, "max_norm": None, "norm_axis": "batch",
+                               "positions": ["a", "b"]}
+    assert config["trainer"] == {"steps": 100, "loss_reduction": "sum",
+                                 "divergence_factor": 1000.0}
+    assert config["dataset"] == {"name": "toy"} and config["model"] == {"name": "two"}
+    assert config["optimizer"]["beta_1"] == 0.9 and "clipnorm" not in config["optimizer"]
+
+    keras.utils.set_random_seed(0)
+    x = ClipGradient(-0.01, 0.5, name="clip_a")(keras.layers.Dense(4, name="a")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(x))
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    config, overrides = fit_config.record(model, fit_config.clipping(model.optimizer), None,
+                                          None, 1000.0, {})
+    assert overrides == ["clip=null", "layer.clip_min=-0.01", "layer.clip_max=0.5",
+                         "optimizer=sgd", "optimizer.learning_rate=0.05",
+                         "trainer.loss_reduction=mean"]
+    assert config["clipping"] == {"name": "none"} and config["seed"] is None
