@@ -118,7 +118,7 @@ class MeasuredStep:
             grads, stats = gradient(tape, target, [list(sources), probes], *args, **kwargs)
             self.measure(target, grads, params, stats)
             measured.append(True)
-            return type(sources)(grads)
+            return grads if isinstance(sources, list) else tuple(grads)
 
         tape_class.__enter__, tape_class.gradient = watching_enter, measuring_gradient
         try:
