@@ -41,6 +41,18 @@ def configure(device: str) -> str:
             tf.config.experimental.set_memory_growth(gpu, True)
         except RuntimeError:  # the runtime is already initialised (a reused worker process)
             pass
+    return _where(gpus)
+
+
+def in_use() -> str:
+    """`configure`'s description of the devices visible now, in a process whose devices its
+    user set up (model.fit with gradexp.keras.Telemetry)."""
+    from gradexp._tf import tf
+
+    return _where(tf.config.get_visible_devices("GPU"))
+
+
+def _where(gpus: list) -> str:
     return f"{len(gpus)} gpu" if gpus else "cpu"
 
 

@@ -22,6 +22,7 @@ from gradexp.config import ClipSpec, Registry
 from gradexp.layers import ClipGradient
 
 HEAD = "head"  # every builder's output layer: logits, or the regression output
+CLIP_PREFIX = "clip_"  # the clip layer at position p is named clip_p (`position`)
 BUILDERS = Registry("model", "builder", "gradexp/models.py")
 model = BUILDERS.add  # @model("mlp"): the builder of model=mlp
 
@@ -227,7 +228,8 @@ def build(m: DictConfig, clip: ClipSpec, input_shape: tuple[int, ...],
     """
     def clip_layer(name):
         return ClipGradient(clip.clip_min, clip.clip_max, clip.scale, clip.grad_scale,
-                            max_norm=clip.max_norm, norm_axis=clip.norm_axis, name=f"clip_{name}")
+                            max_norm=clip.max_norm, norm_axis=clip.norm_axis,
+                            name=f"{CLIP_PREFIX}{name}")
 
     if m.name == "keras":
         return users_model(m, clip, input_shape, num_outputs, clip_layer)
@@ -265,6 +267,12 @@ def head(model: keras.Model):
     names = [layer.name for layer in model.layers]
     return (model.get_layer(HEAD) if HEAD in names else
             [layer for layer in model.layers if layer.weights][-1])
+
+
+def position(layer: ClipGradient) -> str:
+    """Where a clip layer sits, as its columns name it: its name without `clip_` (the builders
+    name the layer at position p `clip_p`)."""
+    return layer.name.removeprefix(CLIP_PREFIX)
 
 
 def clip_layers(model: keras.Model) -> list[ClipGradient]:

@@ -81,6 +81,14 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def mark_running(run_dir: Path, overrides: list[str], config: dict[str, Any]) -> None:
+    """summary.json of a run that starts: `running`, by this process on this host (see
+    `still_running`), with its overrides and config (a plain dict)."""
+    write_json(Path(run_dir) / SUMMARY, {
+        "status": RUNNING, "overrides": list(overrides), "host": socket.gethostname(),
+        "pid": os.getpid(), "config": config})
+
+
 def same_config(record: dict[str, Any], config: dict[str, Any]) -> bool:
     """Whether a summary.json `record` is of a run of `config` (a plain dict), compared as
     summary.json stores it. A record without its config (an older run) is taken as the same."""

@@ -99,7 +99,7 @@ def make_step(cfg: DictConfig, arrays, strategy=None) -> Step:
               if t.on_spike == "skip" else None)
     measured = tuple(telemetry.metric_names(telemetry.layer_names(params))
                      if t.layer_norms else ())
-    names = (*metric_names([layer.name.removeprefix("clip_") for layer in layers],
+    names = (*metric_names([models.position(layer) for layer in layers],
                            loss_scaling=loss_scale is not None, spike_skip=spikes is not None),
              *measured)
     per_example_loss = task_loss(arrays.num_classes, cfg.model.get("loss", "auto"))
@@ -164,19 +164,17 @@ def make_step(cfg: DictConfig, arrays, strategy=None) -> Step:
         new_values = dict(zip(map(id, params), after, strict=True))
         model_values = [new_values.get(id(v), value)
                         for v, value in zip(model.variables, b.model, strict=True)]
-        metrics = {"loss/train": loss, "grad_norm/global": c["norm_before"],
-                   "grad_norm/global/post": c["norm_after"], "param_clip/threshold": c["threshold"],
-                   "param_clip/clipped": c["clipped"], "learning_rate": learning_rate}
+        metrics = {"loss/train": loss, **update_metrics(c, learning_rate)}
         if spikes:
             metrics["spike_skipped"] = tf.cast(skip, tf.float32)
         if loss_scale is not None:
             metrics["loss_scale"] = scale
             metrics["skipped"] = 1.0 - tf.cast(tf.math.is_finite(c["norm_before"]), tf.float32)
         for layer, s in zip(layers, b.stats, strict=True):
-            metrics.update(layer_metrics(layer.name.removeprefix("clip_"), s))
+            metrics.update(layer_metrics(models.position(layer), s))
         if measure and measured:
             metrics.update(telemetry.measure(params, before, grads, clipped, after))
-        row = tf.stack([tf.cast(metrics.get(name, NAN), tf.float32) for name in names])
+        row = as_row(metrics, names)
         carry = [*clip_state, *(spike_state or ())]
         return State(model_values, optimizer_values, carry), row, grads
 
@@ -245,6 +243,19 @@ def metric_names(positions: list[str], loss_scaling: bool = False,
     spikes = ["spike_skipped"] if spike_skip else []
     return ["loss/train", "grad_norm/global", "grad_norm/global/post", "param_clip/threshold",
             "param_clip/clipped", "learning_rate", *spikes, *scaling, *per_layer]
+
+
+def update_metrics(c: dict, learning_rate) -> dict:
+    """From the parameter clipping's stats (gradexp.clipping): ‖g‖ before and after it, its
+    threshold, whether it clipped; and the step's learning rate."""
+    return {"grad_norm/global": c["norm_before"], "grad_norm/global/post": c["norm_after"],
+            "param_clip/threshold": c["threshold"], "param_clip/clipped": c["clipped"],
+            "learning_rate": learning_rate}
+
+
+def as_row(metrics: dict, names) -> tf.Tensor:
+    """The float32 row of `names` (NaN where `metrics` has no value)."""
+    return tf.stack([tf.cast(metrics.get(name, NAN), tf.float32) for name in names])
 
 
 def layer_metrics(position: str, stats) -> dict:

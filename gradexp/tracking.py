@@ -152,6 +152,12 @@ def run_summary(r: LoopResult, cfg: DictConfig, overrides, where: str, wall: flo
     return summary
 
 
+def final_metrics(s: dict) -> dict:
+    """The figures of summary.json `s` that the event file gets as `final/<name>` (RunLog.close,
+    TensorBoard's HParams view): logs.FINAL_METRICS."""
+    return {"loss": s["final_loss"], "val_loss": s["val_loss"], "val_accuracy": s["val_accuracy"]}
+
+
 def final_line(s: dict, run_dir: Path) -> str:
     """The run's last log line: how it ended, final loss, val accuracy (or loss), time."""
     accuracy, val_loss = s["val_accuracy"], s["val_loss"]

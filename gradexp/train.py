@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ from gradexp.tracking import (
     LoopResult,
     Tracker,
     final_line,
+    final_metrics,
     progress,
     run_summary,
     steps_to_next_event,
@@ -330,9 +330,7 @@ def start(job: Job, resume: bool = False, arrays=None, free_memory: bool = True,
 
     cfg, run_dir = job.cfg, job.run_dir
     started = time.perf_counter()
-    write_json(run_dir / rundir.SUMMARY, {
-        "status": rundir.RUNNING, "overrides": list(job.overrides),
-        "host": socket.gethostname(), "pid": os.getpid(), "config": OmegaConf.to_container(cfg)})
+    rundir.mark_running(run_dir, job.overrides, OmegaConf.to_container(cfg))
     # the code and package versions first: even a run that fails at once keeps them
     record = job.provenance or provenance.record(run_dir, resume=resume)
     where = devices.prepare_process(cfg.device, cfg.precision, cfg.seed, cfg.deterministic,
@@ -358,8 +356,7 @@ def finish(run: Run, result: LoopResult, batch: dict | None = None) -> dict:
     summary["data"] = run.arrays.record()
     if batch is not None:
         summary["batch"] = batch
-    run.runlog.close(result.step, {"loss": summary["final_loss"], "val_loss": summary["val_loss"],
-                                   "val_accuracy": summary["val_accuracy"]})
+    run.runlog.close(result.step, final_metrics(summary))
     write_json(run.run_dir / rundir.SUMMARY, summary)
     run.logger.info(final_line(summary, run.run_dir))
     if result.stopped_by is not None:
