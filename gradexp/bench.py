@@ -104,7 +104,10 @@ def unlogged_steps_per_s(cfg) -> float:
     with tempfile.TemporaryDirectory() as run_dir:
         run = start(Job(cfg, Path(run_dir), []))
         engine = Engine(run, 1)
-        n, every, going = tf.constant(cfg.trainer.log_every), cfg.trainer.log_every, [True]
+        # `going` a tensor, as the loop gives it: a Python list is a constant of the program, a
+        # different one (XLA folds the masks; ~10% faster), not the run's
+        n, every = tf.constant(cfg.trainer.log_every), cfg.trainer.log_every
+        going = tf.constant([True])
         engine.train_steps(tf.constant(0, tf.int64), n, going)[0].numpy()  # traces, compiles
         engine.evaluate.get_concrete_function(*run.validation)
         calls = max(1, cfg.trainer.steps // every - 1)

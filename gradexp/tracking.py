@@ -15,6 +15,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from gradexp import rundir
+from gradexp.config import TrainerConfig
 from gradexp.measures import divergence_step, final_loss, succeeded, success_step
 
 
@@ -39,7 +40,7 @@ class Tracker:
     writes histograms and checkpoints, through the functions it is given: `evaluate()` ->
     {name: value}, `gradients()` -> {name: array} (the call's last step's), `save(step)`."""
 
-    def __init__(self, t: DictConfig, names, val_names, runlog, step: int, evaluate, gradients,
+    def __init__(self, t: TrainerConfig, names, val_names, runlog, step: int, evaluate, gradients,
                  save, logger: logging.Logger):
         self.t, self.names, self.runlog, self.step = t, list(names), runlog, step
         self.evaluate, self.gradients, self.save, self.log = evaluate, gradients, save, logger
@@ -94,7 +95,7 @@ class Tracker:
                           stopped_by, timed, self.spike_skipped)
 
 
-def steps_to_next_event(step: int, t: DictConfig) -> int:
+def steps_to_next_event(step: int, t: TrainerConfig) -> int:
     """Steps until the next log, evaluation, histogram, checkpoint or the end (one call)."""
     every = [t.log_every, t.eval_every, t.histogram_every, t.checkpoint_every]
     return min([e - step % e for e in every if e] + [t.steps - step])

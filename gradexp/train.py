@@ -229,7 +229,9 @@ def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
     from gradexp import logs
     from gradexp._tf import tf
 
-    t, K = runs[0].cfg.trainer, len(runs)
+    # the trainer's settings as a plain dataclass: a DictConfig's attribute costs ~27 µs, and
+    # the bookkeeping reads seven a call (0.2 ms: 2% of a default 50-step call)
+    t, K = OmegaConf.to_object(runs[0].cfg.trainer), len(runs)
     done: dict = {}  # what one call's bookkeeping does for all runs at once, done once
 
     def for_all(what: str, do):
