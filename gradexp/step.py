@@ -110,7 +110,7 @@ def make_step(cfg: DictConfig, arrays, strategy=None) -> Step:
     skip_non_finite = t.on_divergence == "continue" and loss_scale is None  # the LSO skips
     loss_weight = 1.0 if t.loss_reduction == "sum" else 1.0 / t.batch_size  # global batch
     clip_type = type(method.init(params))  # a NamedTuple: the carry's first part
-    carry_names = (*(f"{cfg.clipping.name}/{f}" for f in clip_type._fields),
+    carry_names = (*(f"{method.name}/{f}" for f in clip_type._fields),
                    *(f"spikes/{f}" for f in SpikeState._fields if spikes))
     split = len(clip_type._fields)
 

@@ -4,6 +4,7 @@ class (gradexp/config/<group>.py) and its builder on the training side. They mus
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from conftest import CONF
 from gradexp import clipping, config, data, models, optimizers
@@ -16,10 +17,25 @@ GROUPS = {  # group: (schemas, builders)
 }
 
 
+BY_PATH = {"model": "keras", "dataset": "arrays", "clipping": "function", "optimizer": "keras"}
+
+
+def extends(path) -> str:
+    """The schema a YAML option extends (`/model_mlp_schema@_here_` -> mlp)."""
+    first = yaml.safe_load(path.read_text())["defaults"][0]
+    return first.split("@")[0].removeprefix(f"/{path.parent.name}_").removesuffix("_schema")
+
+
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_yaml_has_a_schema_and_a_builder_and_every_schema_a_yaml(group):
+    """An option of its own schema is named alike in all three; an option that names its code by
+    a dotted path (model=keras, dataset=arrays, clipping=function, optimizer=keras) extends
+    that schema and needs nothing else."""
     schemas, builders = GROUPS[group]
-    yamls = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    paths = sorted((CONF / group).glob("*.yaml"))
+    for path in paths:
+        assert extends(path) in (path.stem, BY_PATH[group]), path
+    yamls = sorted(p.stem for p in paths if extends(p) == p.stem)
     assert yamls, f"no conf/{group}/*.yaml"
     assert list(schemas) == yamls
     assert list(builders) == yamls

@@ -4,13 +4,15 @@ gradexp/clipping/, registered under the same names."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
 from gradexp.config.base import (
+    DOTTED_PATH,
     Choice,
+    any_keys,
     Registry,
     at_least,
     check_positive,
@@ -33,6 +35,17 @@ class NoClippingConfig(ClippingConfig):
     """The gradients as they are (the statistics are still measured)."""
 
     name: str = "none"
+
+
+@dataclass
+class FunctionClippingConfig(ClippingConfig):
+    """A method given by its code alone: `method`, a dotted path to
+    `make(params, output_params, **kwargs) -> gradexp.clipping.Method` (its init/update pair),
+    called with `kwargs`; its settings are checked by that code, when the run starts."""
+
+    name: str = "function"
+    method: str = field(default=MISSING, metadata={"allowed": f"must be set to {DOTTED_PATH}"})
+    kwargs: dict[str, Any] = field(default_factory=any_keys)
 
 
 @dataclass

@@ -1,0 +1,30 @@
+"""clipping=function: a method given by a dotted path to its factory, no schema of its own.
+
+    clipping=function clipping.method=my_pkg.clip:make clipping.kwargs.factor=0.5
+
+`make(params, output_params, **kwargs)` returns a `Method(name, initial, clip)` (see
+gradexp/clipping/common.py): `initial()` its state (a NamedTuple of tensors; `NoState`),
+`clip(present_grads, state, params) -> (grads, state, stats)` with the stats every method
+returns (`clip_stats`). This is also how a method of gradexp's own can start: its code and a
+YAML naming it (docs/extending/clipping-method.md).
+"""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from gradexp.clipping.common import Method, method
+from gradexp.config import ConfigError, import_object
+
+
+@method("function")
+def by_dotted_path(c, params, output_params) -> Method:
+    make = import_object("clipping.method", c.method)
+    try:
+        made = make(params, output_params, **OmegaConf.to_container(c.kwargs))
+    except TypeError as exc:
+        raise ConfigError(f"clipping.kwargs: {c.method} refused them ({exc})") from None
+    if not isinstance(made, Method):
+        raise ConfigError(f"clipping.method={c.method}: returned {type(made).__name__}, "
+                          "not a gradexp.clipping.Method")
+    return made
