@@ -12,8 +12,8 @@ from omegaconf import MISSING
 from gradexp.config.base import (
     DOTTED_PATH,
     Choice,
-    any_keys,
     Registry,
+    any_keys,
     at_least,
     check_positive,
     finite,
