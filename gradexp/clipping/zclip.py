@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 from gradexp._tf import tf
 from gradexp.clipping.common import INF, Method, clip_stats, global_norm, method, rescale
+from gradexp.config.clipping import ZClipConfig
 
 ZCLIP_EPS = 1e-6  # the ZClip reference's eps in z = (g − μ) / (σ + eps)
 ZSCORE, PERCENTILE = "zscore", "percentile"  # modes
@@ -40,8 +41,8 @@ ADAPTIVE_SCALING, MEAN = "adaptive_scaling", "mean"  # clip_options of mode zsco
 # The keys added after the first four, at the values that give the behaviour from before them
 # (and the reference's, but for its cap of 1.0): a config node without them, such as a run's
 # recorded config from before, means these.
-OPTION_DEFAULTS = {"mode": ZSCORE, "clip_option": ADAPTIVE_SCALING, "clip_factor": 1.0,
-                   "max_grad_norm": None}
+OPTION_DEFAULTS = {key: getattr(ZClipConfig, key)  # the schema's defaults, written there once
+                   for key in ("mode", "clip_option", "clip_factor", "max_grad_norm")}
 
 
 class ZClipState(NamedTuple):

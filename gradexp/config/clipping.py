@@ -53,7 +53,7 @@ class ValueClippingConfig(ClippingConfig):
     """Each element clipped to [-max_value, max_value] (Keras `clipvalue`)."""
 
     name: str = "value"
-    max_value: float = MISSING
+    max_value: float = 0.5  # each element clipped to [-max_value, max_value] (Keras clipvalue)
 
     def check(self) -> None:
         check_positive("max_value", self.max_value)
@@ -64,7 +64,7 @@ class NormClippingConfig(ClippingConfig):
     """Each gradient tensor rescaled to norm <= max_norm (Keras `clipnorm`)."""
 
     name: str = "norm"
-    max_norm: float = MISSING
+    max_norm: float = 20.0  # each gradient tensor rescaled to norm <= max_norm (Keras clipnorm)
 
     def check(self) -> None:
         check_positive("max_norm", self.max_norm)
@@ -76,7 +76,8 @@ class GlobalNormClippingConfig(ClippingConfig):
     max_norm null never clips: the unclipped baseline inside a sweep of the threshold."""
 
     name: str = "global_norm"
-    max_norm: float | None = MISSING
+    # all gradients rescaled to global norm <= max_norm (Keras global_clipnorm); null: never
+    max_norm: float | None = 40.0
 
     def check(self) -> None:
         need(self.max_norm is None or (finite(self.max_norm) and self.max_norm > 0), "max_norm",
@@ -88,9 +89,12 @@ class AGCConfig(ClippingConfig):
     """Unit-wise (Brock et al. 2021): ||G_unit|| <= factor * max(||W_unit||, eps), per unit."""
 
     name: str = "agc"
-    factor: float = MISSING
-    eps: float = MISSING
-    exclude_output: bool = MISSING  # the output layer is not clipped (as in the paper)
+    # lambda: a unit's gradient norm <= factor * max(||W_unit||, eps). The paper's 0.01 is for a
+    # batch-mean loss; trainer.loss_reduction=sum makes gradients batch_size times larger, so
+    # 0.01 x 64 compares with it
+    factor: float = 0.64
+    eps: float = 0.001  # floor on ||W_unit||, so zero-initialised units (biases) can still move
+    exclude_output: bool = True  # the output layer is not clipped (as in the paper)
 
     def check(self) -> None:
         check_positive("factor", self.factor)
@@ -102,8 +106,8 @@ class AutoClipConfig(ClippingConfig):
     """Global norm clipped at the `percentile`-th percentile of the norms seen so far."""
 
     name: str = "autoclip"
-    percentile: float = MISSING
-    history: int = MISSING  # the last `history` norms are kept
+    percentile: float = 10.0  # clip the global norm at this percentile of the norms seen so far
+    history: int = 10000  # the last `history` norms are kept
 
     def check(self) -> None:
         need(0 <= self.percentile <= 100, "percentile", self.percentile,
@@ -117,10 +121,10 @@ class AdaGCConfig(ClippingConfig):
     warm-up of global-norm clipping (Wang et al. 2025)."""
 
     name: str = "adagc"
-    clip_ratio: float = MISSING  # lambda_rel: a tensor is clipped above clip_ratio * its EMA
-    beta: float = MISSING  # EMA factor of each tensor's clipped norm
-    warmup_steps: int = MISSING  # steps of global-norm clipping first (0: none)
-    warmup_max_norm: float | None = MISSING  # lambda_abs, the warm-up's bound; null: no clipping
+    clip_ratio: float = 1.04  # lambda_rel: a tensor is clipped above clip_ratio * its EMA
+    beta: float = 0.99  # EMA factor of each tensor's clipped norm
+    warmup_steps: int = 100  # steps of global-norm clipping first (0: none)
+    warmup_max_norm: float | None = 40.0  # lambda_abs, the warm-up's bound; null: no clipping
 
     def check(self) -> None:
         check_positive("clip_ratio", self.clip_ratio)
@@ -137,13 +141,13 @@ class ZClipConfig(ClippingConfig):
     z_threshold, or above mean + z_threshold * std in mode percentile), optionally capped."""
 
     name: str = "zclip"
-    alpha: float = MISSING  # EMA factor of the mean and variance of the norm
-    z_threshold: float = MISSING
-    warmup_steps: int = MISSING  # norms collected to initialise the statistics (only the cap)
-    mode: str = MISSING  # zscore or percentile
-    clip_option: str = MISSING  # mode zscore: adaptive_scaling or mean
-    clip_factor: float = MISSING  # adaptive_scaling: the clipped norm's multiplier, in (0, 1]
-    max_grad_norm: float | None = MISSING  # a fixed cap on the global norm, warm-up included
+    alpha: float = 0.97  # EMA factor of the mean and variance of the norm
+    z_threshold: float = 2.5  # clip when (norm - mean) / std exceeds this
+    warmup_steps: int = 25  # norms collected to initialise the statistics (only the cap)
+    mode: str = "zscore"  # zscore or percentile
+    clip_option: str = "adaptive_scaling"  # mode zscore: adaptive_scaling or mean
+    clip_factor: float = 1.0  # adaptive_scaling: the clipped norm's multiplier, in (0, 1]
+    max_grad_norm: float | None = None  # a fixed cap on the global norm, warm-up included
 
     def check(self) -> None:
         need(0 < self.alpha < 1, "alpha", self.alpha, "must be in (0, 1)")

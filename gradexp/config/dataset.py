@@ -36,12 +36,12 @@ class SyntheticConfig(DatasetConfig):
     """Gaussian clusters: class means ~ N(0, separation² I), x = mean + N(0, I)."""
 
     name: str = "synthetic"
-    num_examples: int = MISSING
-    num_features: int = MISSING
-    num_classes: int = MISSING
-    separation: float = MISSING
-    val_fraction: float = MISSING
-    seed: int = MISSING  # the data stay the same across run seeds; `seed` varies init and order
+    num_examples: int = 4096
+    num_features: int = 32
+    num_classes: int = 10
+    separation: float = 0.6
+    val_fraction: float = 0.2
+    seed: int = 0  # the data stay the same across run seeds; `seed` varies init and order
     stream: bool = False  # fresh examples every step; all num_examples held out (see data.py)
 
     def input_shape(self) -> tuple[int, ...]:
@@ -60,8 +60,8 @@ class DigitsConfig(DatasetConfig):
     """scikit-learn's 8x8 handwritten digits (1797 images), read from inside its wheel."""
 
     name: str = "digits"
-    val_fraction: float = MISSING
-    seed: int = MISSING
+    val_fraction: float = 0.2
+    seed: int = 0
 
     def input_shape(self) -> tuple[int, ...]:
         return (8, 8, 1)
@@ -78,7 +78,7 @@ class Mnist1DConfig(DatasetConfig):
     its 1000 test sequences for validation, so there is no `val_fraction`."""
 
     name: str = "mnist1d"
-    seed: int = MISSING  # the package's generation seed
+    seed: int = 42  # the package's generation seed
 
     def input_shape(self) -> tuple[int, ...]:
         return (40, 1)
@@ -94,14 +94,18 @@ class AddingConfig(DatasetConfig):
     ends below `success_below` (0.01). Definitions in gradexp/data.py `adding`."""
 
     name: str = "adding"
-    num_examples: int = MISSING
-    length: int = MISSING
-    val_fraction: float = MISSING
-    seed: int = MISSING
+    num_examples: int = 4096  # the fixed set; with stream: true, all of it is held out
+    length: int = 50
+    val_fraction: float = 0.2
+    seed: int = 0
+    # true: fresh training sequences every step, from (seed, dataset.seed, step)
     stream: bool = False
+    # le2015: y = v_i + v_j, one marker per half; pascanu2013: y = (v_i + v_j)/2, markers in 0-10%,
+    # 10-50%
     variant: str = "le2015"
+    # a sequence is misclassified when its squared error exceeds this (paper: 0.04)
     error_threshold: float | None = None
-    success_below: float = 0.01
+    success_below: float = 0.01  # a run succeeds when the misclassified share ends below this
     VARIANTS: ClassVar[tuple[str, ...]] = ("le2015", "pascanu2013")
 
     def input_shape(self) -> tuple[int, ...]:
@@ -126,15 +130,15 @@ class TeacherConfig(DatasetConfig):
     `teacher`): `depth` layers of `width`, weights N(0, gain²/fan_in), targets standardised."""
 
     name: str = "teacher"
-    num_examples: int = MISSING
-    num_features: int = MISSING
-    depth: int = MISSING
-    width: int = MISSING
-    gain: float = MISSING
-    noise: float = MISSING
-    val_fraction: float = MISSING
-    seed: int = MISSING
-    stream: bool = False
+    num_examples: int = 4096
+    num_features: int = 32
+    depth: int = 4
+    width: int = 64
+    gain: float = 1.5  # > 1: the teacher is in tanh's chaotic regime (a rough function)
+    noise: float = 0.1
+    val_fraction: float = 0.2
+    seed: int = 0
+    stream: bool = False  # true: fresh training examples every step; all num_examples held out
 
     def input_shape(self) -> tuple[int, ...]:
         return (self.num_features,)
@@ -174,6 +178,11 @@ class MNISTConfig(KerasImagesConfig):
     """LeCun et al.'s handwritten digits: 70 000 28×28 grey images, 10 classes."""
 
     name: str = "mnist"
+    cache_dir: str | None = None  # null: Keras's own, $KERAS_HOME/datasets or ~/.keras/datasets
+    # null: all; a number: a random subset (by seed), for quick runs
+    num_examples: int | None = None
+    val_fraction: float = 0.2
+    seed: int = 0
     SHAPE: ClassVar[tuple[int, ...]] = (28, 28, 1)
 
 
@@ -182,6 +191,11 @@ class FashionMNISTConfig(KerasImagesConfig):
     """Zalando's Fashion-MNIST: 70 000 28×28 grey images of clothes, 10 classes."""
 
     name: str = "fashion_mnist"
+    cache_dir: str | None = None  # null: Keras's own, $KERAS_HOME/datasets or ~/.keras/datasets
+    # null: all; a number: a random subset (by seed), for quick runs
+    num_examples: int | None = None
+    val_fraction: float = 0.2
+    seed: int = 0
     SHAPE: ClassVar[tuple[int, ...]] = (28, 28, 1)
 
 
@@ -190,6 +204,11 @@ class CIFAR10Config(KerasImagesConfig):
     """Krizhevsky's CIFAR-10: 60 000 32×32 colour images, 10 classes."""
 
     name: str = "cifar10"
+    cache_dir: str | None = None  # null: Keras's own, $KERAS_HOME/datasets or ~/.keras/datasets
+    # null: all; a number: a random subset (by seed), for quick runs
+    num_examples: int | None = None
+    val_fraction: float = 0.2
+    seed: int = 0
     SHAPE: ClassVar[tuple[int, ...]] = (32, 32, 3)
 
 

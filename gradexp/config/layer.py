@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gradexp.config.base import ConfigError, finite, need, one_of
 
@@ -24,13 +24,13 @@ class LayerConfig:
     positions: `all` (after every hidden layer), or a list of the model's position names.
     """
 
-    clip_min: float | None = MISSING
-    clip_max: float | None = MISSING
-    max_norm: float | None = MISSING
-    norm_axis: str = MISSING
-    scale: float = MISSING
-    grad_scale: float = MISSING
-    positions: Any = MISSING
+    clip_min: float | None = None  # overrides -clip
+    clip_max: float | None = None  # overrides +clip
+    max_norm: float | None = None  # then rescale dx to norm <= max_norm ...
+    norm_axis: str = "batch"  # ... over the whole batch, or per example
+    scale: float = 1.0
+    grad_scale: float = 1.0  # -1: gradient reversal
+    positions: Any = "all"  # all hidden layers, or a list such as [dense_1,dense_3]
 
     def check(self) -> None:
         for side in ("clip_min", "clip_max"):

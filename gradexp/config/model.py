@@ -49,10 +49,10 @@ class MLPConfig(ModelConfig):
     """Inputs flattened, `depth` hidden Dense layers of `width` units, a Dense output layer."""
 
     name: str = "mlp"
-    depth: int = MISSING
-    width: int = MISSING
-    activation: str = MISSING
-    initializer: str = MISSING
+    depth: int = 3
+    width: int = 128
+    activation: str = "relu"
+    initializer: str = "glorot_uniform"
     INPUTS: ClassVar[tuple[str, ...]] = (VECTORS, SEQUENCES, IMAGES)
     NEEDS: ClassVar[str] = "any inputs"
 
@@ -72,12 +72,12 @@ class CNNConfig(ModelConfig):
     get the same blocks in 1-D (Conv1D of kernel_size along T, max-pool by 2)."""
 
     name: str = "cnn"
-    blocks: int = MISSING
-    filters: int = MISSING
-    kernel_size: int = MISSING
-    width: int = MISSING
-    activation: str = MISSING
-    initializer: str = MISSING
+    blocks: int = 2
+    filters: int = 16
+    kernel_size: int = 3
+    width: int = 64
+    activation: str = "relu"
+    initializer: str = "he_normal"
     INPUTS: ClassVar[tuple[str, ...]] = (IMAGES, SEQUENCES)
     NEEDS: ClassVar[str] = "image inputs (H, W, C) or sequences (T, F), convolved along T"
 
@@ -106,12 +106,14 @@ class RNNConfig(ModelConfig):
     """
 
     name: str = "rnn"
-    cell: str = MISSING
-    units: int = MISSING
-    layers: int = MISSING
-    activation: str = MISSING  # of the state (simple) or the candidate (lstm, gru)
-    recurrent_gain: float = MISSING
-    init: str = "keras"
+    cell: str = "simple"  # simple | lstm | gru
+    units: int = 32
+    layers: int = 1
+    activation: str = "tanh"  # of the state (simple) or the candidate (lstm, gru)
+    # recurrent kernel = gain x random orthogonal; > 1 lets gradients explode
+    recurrent_gain: float = 1.0
+    init: str = "keras"  # pascanu2013: sparse recurrent kernel of spectral radius recurrent_gain
+    # the head reads the final output; all: every step's output, flattened (MNIST-1D's GRU)
     readout: str = "last"
     unroll: bool = False  # XLA gets the T steps written out: ~1.3x the steps/s at T = 50
     INITS: ClassVar[tuple[str, ...]] = ("keras", "pascanu2013")
@@ -146,12 +148,12 @@ class TransformerConfig(ModelConfig):
     """
 
     name: str = "transformer"
-    blocks: int = MISSING
-    width: int = MISSING
-    heads: int = MISSING
-    mlp_width: int = MISSING
-    activation: str = MISSING
-    norm: str = MISSING
+    blocks: int = 2
+    width: int = 32
+    heads: int = 2
+    mlp_width: int = 64
+    activation: str = "gelu"
+    norm: str = "pre"  # pre: x + f(LN(x)); post: LN(x + f(x)), the original, less stable
     INPUTS: ClassVar[tuple[str, ...]] = (SEQUENCES, IMAGES)
     NEEDS: ClassVar[str] = "sequence inputs (T, F) or images (H, W, C), read row by row"
 

@@ -19,9 +19,9 @@ class OptimizerConfig(Choice):
 @dataclass
 class SGDConfig(OptimizerConfig):
     name: str = "sgd"
-    learning_rate: float = MISSING
-    momentum: float = MISSING
-    nesterov: bool = MISSING
+    learning_rate: float = 0.001
+    momentum: float = 0.9
+    nesterov: bool = False
 
     def check(self) -> None:
         check_learning_rate(self.learning_rate)
@@ -31,10 +31,10 @@ class SGDConfig(OptimizerConfig):
 @dataclass
 class AdamConfig(OptimizerConfig):
     name: str = "adam"
-    learning_rate: float = MISSING
-    beta_1: float = MISSING
-    beta_2: float = MISSING
-    epsilon: float = MISSING
+    learning_rate: float = 0.0001
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-07
 
     def check(self) -> None:
         check_learning_rate(self.learning_rate)
@@ -49,11 +49,11 @@ class AdamWConfig(OptimizerConfig):
     weight by learning_rate · weight_decay · θ."""
 
     name: str = "adamw"
-    learning_rate: float = MISSING
-    weight_decay: float = MISSING
-    beta_1: float = MISSING
-    beta_2: float = MISSING
-    epsilon: float = MISSING
+    learning_rate: float = 0.001
+    weight_decay: float = 0.004
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-07
 
     def check(self) -> None:
         AdamConfig.check(self)
@@ -68,7 +68,7 @@ class KerasOptimizerConfig(OptimizerConfig):
 
     name: str = "keras"
     class_name: str = MISSING
-    learning_rate: float = MISSING
+    learning_rate: float = 0.001
     kwargs: dict[str, Any] = field(default_factory=any_keys)
 
     def check(self) -> None:

@@ -32,13 +32,13 @@ class Config:
     clipping: Any = MISSING
     layer: LayerConfig = field(default_factory=LayerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    clip: float | None = MISSING
-    seed: int = MISSING
-    device: str = MISSING
-    precision: str = MISSING
-    strategy: str = MISSING
-    deterministic: bool = MISSING
-    resume: str | None = MISSING
+    clip: float | None = None  # ±clip on the backward pass of every clip layer; null: unclipped
+    seed: int = 0  # initialisation and data order (the data themselves: dataset.seed)
+    device: str = "auto"  # auto | cpu | gpu
+    precision: str = "float32"  # float32 | mixed_float16 (with loss scaling) | mixed_bfloat16
+    strategy: str = "none"  # none | mirrored (tf.distribute.MirroredStrategy, all devices)
+    deterministic: bool = False  # TensorFlow op determinism: same config and seed, same numbers
+    resume: str | None = None  # a run directory: continue that run from its latest checkpoint
 
 
 def validate(cfg: DictConfig) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omegaconf import MISSING
-
 from gradexp.config.base import at_least, need, one_of
 
 LOSS_REDUCTIONS = ("sum", "mean")
@@ -16,16 +14,16 @@ ON_SPIKE = ("none", "skip")
 
 @dataclass
 class TrainerConfig:
-    steps: int = MISSING
-    batch_size: int = MISSING
-    log_every: int = MISSING  # fetch measurements, write table and TensorBoard, print progress
-    eval_every: int = MISSING
-    histogram_every: int = MISSING  # gradient histograms in TensorBoard; 0: never
-    loss_reduction: str = MISSING  # sum: dy is in per-example units whatever the batch size
-    divergence_factor: float = MISSING  # loss above this × the first loss: diverged
-    jit_compile: bool = MISSING  # XLA-compile the step
-    checkpoint_every: int = MISSING  # 0: only when the run stops
-    on_divergence: str = MISSING  # stop | continue (skipping non-finite updates)
+    steps: int = 1000
+    batch_size: int = 64
+    log_every: int = 50  # fetch measurements, write table and TensorBoard, print progress
+    eval_every: int = 200
+    histogram_every: int = 200  # gradient histograms in TensorBoard; 0: never
+    loss_reduction: str = "sum"  # sum: dy is in per-example units whatever the batch size
+    divergence_factor: float = 1000.0  # loss above this × the first loss: diverged
+    jit_compile: bool = True  # XLA-compile the step (fuses the clip layers' statistics into it)
+    checkpoint_every: int = 500  # 0: only when the run stops
+    on_divergence: str = "stop"  # stop (a result: exit 0) | continue (skipping non-finite updates)
     layer_norms: bool = True  # per-layer gradient, update and weight norms (gradexp/telemetry.py)
     on_spike: str = "none"  # skip: a step whose loss or ‖g‖ spikes is skipped (gradexp/spikes.py)
     spike_z: float = 6.0  # a spike: z-score above this against the running (EMA) statistics
