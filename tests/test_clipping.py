@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from gradexp import config
 from gradexp._tf import keras, tf
-from gradexp.clipping import make_clipper
+from gradexp.clipping import METHODS, make_clipper
 
 MODES = {
     "eager": lambda f: f,
@@ -34,7 +34,20 @@ LOOSE = {**ACTIVE, "value": {"max_value": 1e30}, "norm": {"max_norm": 1e30},
          "autoclip": {**ACTIVE["autoclip"], "percentile": 100.0},
          "zclip": {**ACTIVE["zclip"], "z_threshold": 1e30},
          "adagc": {**ACTIVE["adagc"], "clip_ratio": 1e30, "warmup_max_norm": None}}
-STATELESS = ("none", "value", "norm", "global_norm", "agc")
+
+
+def keeps_state(name: str) -> bool:
+    params = [tf.Variable(tf.ones(2))]
+    cfg = OmegaConf.create({"name": name, **ACTIVE[name]})
+    return bool(make_clipper(cfg, params).init(params)._fields)
+
+
+def test_every_registered_method_has_settings_for_the_shared_tests():
+    """The shared tests below run every method the registry holds (clipping=function's are
+    the user's code, tested by tests/test_extending.py)."""
+    assert set(ACTIVE) == set(METHODS) - {"function"}
+    stateless = tuple(m for m in ACTIVE if not keeps_state(m))
+    assert stateless == ("none", "value", "norm", "global_norm", "agc")  # as their state says
 STATS = {"norm_before", "norm_after", "threshold", "clipped"}
 
 
@@ -602,7 +615,7 @@ def test_a_bound_above_every_norm_is_the_identity(method):
         assert stats["clipped"] == 0.0 and stats["norm_after"] == stats["norm_before"]
 
 
-@pytest.mark.parametrize("method", [m for m in STATELESS if m != "none"])
+@pytest.mark.parametrize("method", [m for m in ACTIVE if m != "none" and not keeps_state(m)])
 def test_clipping_twice_changes_nothing(method):
     params = params_for_steps()
     clipper = clipper_for(method, ACTIVE[method], params)
