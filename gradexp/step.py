@@ -222,14 +222,16 @@ def task_loss(num_classes: int | None, loss: str = "auto"):
 
 
 def check_loss(per_example_loss, model, arrays, name: str) -> None:
-    """ConfigError unless the loss gives one value per example of two validation examples."""
+    """ConfigError unless the loss gives one value per example of (up to) two validation
+    examples."""
+    n = min(2, len(arrays.y_val))
     try:
-        shape = tuple(per_example_loss(arrays.y_val[:2], model(arrays.x_val[:2])).shape)
+        shape = tuple(per_example_loss(arrays.y_val[:n], model(arrays.x_val[:n])).shape)
     except (ValueError, TypeError, tf.errors.InvalidArgumentError) as exc:
         shape = str(exc).splitlines()[0]
-    if shape != (2,):
-        raise config.ConfigError(f"model.loss={name}: must give one loss per example (shape (2,) "
-                                 f"for two examples); got {shape}")
+    if shape != (n,):
+        raise config.ConfigError(f"model.loss={name}: must give one loss per example (shape "
+                                 f"({n},) for {n} examples); got {shape}")
 
 
 def metric_names(positions: list[str], loss_scaling: bool = False,

@@ -203,5 +203,5 @@ def test_a_keras_loss_by_name_or_path_and_one_loss_per_example(user_dir, make_cf
     model = build(make_cfg, "make", shape=arrays.input_shape, outputs=arrays.num_outputs)
     check_loss(task_loss(arrays.num_classes), model, arrays, "auto")  # the default: one each
     with pytest.raises(config.ConfigError, match=r"^model.loss=mse: must give one loss per "
-                                                 r"example \(shape \(2,\) for two examples\)"):
+                                                 r"example \(shape \(2,\) for 2 examples\)"):
         check_loss(lambda y, out: tf.reduce_mean(out), model, arrays, "mse")
