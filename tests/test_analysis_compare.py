@@ -75,7 +75,7 @@ def test_divergence_rate_interval_and_saved_lost_seeds(tmp_path):
     printed = group_table(tidy, ["clip"], {"clip": "null"}).set_index("clip")
     assert printed.loc["null", "diverged"] == "4/5 [0.28, 0.99]"
     assert printed.loc["0.1", "diverged"] == "2/5 [0.05, 0.85]"
-    assert printed.loc["0.1", "Δ diverged"] == "-0.4 (3 saved, 1 lost, p=0.62)"
+    assert printed.loc["0.1", "Δ diverged"] == "-0.4 (3 saved, 1 lost, p=0.62, Holm 1)"
     assert printed.loc["null", "Δ diverged"] == "base"
 
 
@@ -166,3 +166,30 @@ def test_a_pair_is_won_lost_or_tied_by_hand():
     win, tie = _wins(pairs)
     assert list(win) == [True, False, False, False, True, False, True, False]
     assert list(tie) == [False, False, True, False, False, True, False, False]
+
+
+def test_the_summarys_rules_ties_diverged_runs_and_holm(tmp_path):
+    """Seeds 0-5. Seed 0: the clipped run's final loss 1e-9 above the baseline's: a tie, not a
+    loss. Seed 1: the clipped run diverges: out of final_loss (n 5 of 6), in `diverged`. Seeds
+    2-5: the clipped run lower by 0.5: wins. The group's p values, adjusted across its metrics
+    by Holm's step-down, are statsmodels' adjustment of the raw ones."""
+    from statsmodels.stats.multitest import multipletests
+
+    for seed in range(6):
+        base = 1.0 + seed
+        clipped = {0: base + 1e-9, 1: math.nan}.get(seed, base - 0.5)
+        write_run(tmp_path / f"b{seed}", ["clip=null", f"seed={seed}"], ending_at(base))
+        losses = ([2.0, 1.0, math.nan] if math.isnan(clipped) else
+                  [clipped + 1.0] * 9 + [clipped])  # final_loss: the last 10% = the last step
+        write_run(tmp_path / f"c{seed}", ["clip=0.1", f"seed={seed}"], losses)
+    _, tidy = summarize(load_runs(tmp_path)[0], baseline={"clip": "null"})
+    group = tidy[tidy["clip"] == "0.1"].set_index("metric")
+    final = group.loc["final_loss"]
+    assert final["n"] == 5 and final["n_paired"] == 5  # seed 1 diverged: left out
+    assert (final["wins"], final["ties"], final["losses"]) == (4, 1, 0)  # 1e-9: a tie
+    assert group.loc["diverged", "mean"] == pytest.approx(1 / 6)  # but counted here
+    tested = group["sign_p"].dropna()
+    assert len(tested) > 3
+    np.testing.assert_allclose(group.loc[tested.index, "sign_p_holm"],
+                               multipletests(tested.to_numpy(), method="holm")[1])
+    assert (group.loc[tested.index, "sign_p_holm"] >= tested).all()

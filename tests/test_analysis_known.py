@@ -98,7 +98,7 @@ def test_success_rate_interval_and_gained_lost_seeds(tmp_path):
     printed = group_table(tidy, ["clip"], {"clip": "null"}).set_index("clip")
     assert printed.loc["null", "success"] == "1/5 [0.01, 0.72]"
     assert printed.loc["0.1", "success"] == "4/5 [0.28, 0.99]"
-    assert printed.loc["0.1", "Δ success"] == "+0.6 (4 gained, 1 lost, p=0.38)"
+    assert printed.loc["0.1", "Δ success"] == "+0.6 (4 gained, 1 lost, p=0.38, Holm 1)"
     assert printed.loc["0.1", "steps_to_success"] == "10±0 [n=4]"
 
 

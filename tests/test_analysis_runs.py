@@ -52,7 +52,7 @@ def test_failed_run_is_counted_and_running_run_is_incomplete(tmp_path):
     assert (row["runs"], row["completed"], row["failed"], row["incomplete"],
             row["diverged"]) == (4, 1, 1, 1, 1)
     assert row["divergence_rate"] == pytest.approx(1 / 3)  # of the 3 runs with measurements
-    assert row["n"] == 3  # the failed run has no final loss
+    assert row["n"] == 2  # the failed run has no final loss; the diverged run's is left out
     incomplete = runs_table.set_index("run").loc["2"]
     assert incomplete["final_loss"] == 1.0 and incomplete["mean_loss"] == 2.5  # steps 1-4
 

@@ -37,11 +37,15 @@ from gradexp.analysis.runs import LOSS, Run
 from gradexp.analysis.stats import clopper_pearson, sign_test, t_interval
 
 COUNTS = ("runs", "completed", "diverged", "failed", "incomplete")
+# The summary's rules, each written here once and stated in the report (reports.RULES):
+TIE_RTOL, TIE_ATOL = 1e-6, 1e-8  # |g − b| ≤ atol + rtol·|b| is a tie (float32 keeps ~7 digits)
+WITHOUT_DIVERGED = ("final_loss", "val_loss", "val_accuracy", "mean_loss")  # a diverged run's
+# figures from before its blow-up: it counts in `diverged`, not in these (their n says so)
 # summary.csv, one row per group × metric: the group's keys and label, then these
 SUMMARY_COLUMNS = ["metric", "better", "n", "mean", "std", "ci_low", "ci_high",
                    "baseline", "n_paired", "n_diff", "diff_mean", "diff_ci_low", "diff_ci_high",
-                   "wins", "ties", "losses", "win_rate", "sign_p", *COUNTS, "divergence_rate",
-                   "divergence_ci_low", "divergence_ci_high", "target_loss"]
+                   "wins", "ties", "losses", "win_rate", "sign_p", "sign_p_holm", *COUNTS,
+                   "divergence_rate", "divergence_ci_low", "divergence_ci_high", "target_loss"]
 # and only where the sweep has them: a rate per 0/1 metric but `diverged`, max_stable_lr
 RATE_COLUMNS = {metric: [f"{name}_rate", f"{name}_ci_low", f"{name}_ci_high"]
                 for metric, (name, _) in RATES.items()}
@@ -135,6 +139,11 @@ def compare(per_seed: pd.DataFrame, keys: list[str],
     a win being a seed where the group is better (a missing value, e.g. target never reached,
     counts as worse than any value; equal values are ties)."""
     long = per_seed.melt(ignore_index=False, var_name="metric").reset_index()
+    if "diverged" in per_seed:  # a diverged run's losses and accuracy are left out
+        diverged = per_seed["diverged"].rename("run_diverged").reset_index()
+        long = long.merge(diverged, on=[*keys, SEED_KEY], how="left")
+        out = long["metric"].isin(WITHOUT_DIVERGED) & (long["run_diverged"] > 0)
+        long = long[~out].drop(columns="run_diverged").reset_index(drop=True)
     by = [*keys, "metric"]
     stats = long.groupby(by, sort=False)["value"].agg(n="count", mean="mean", std="std")
     stats["ci_low"], stats["ci_high"] = t_interval(stats["mean"], stats["std"], stats["n"])
@@ -168,18 +177,33 @@ def compare(per_seed: pd.DataFrame, keys: list[str],
     diff["win_rate"] = (diff["wins"] / diff["n_paired"]).where(has_better)
     diff["sign_p"] = sign_test(diff["wins"], diff["losses"])
     diff.loc[~has_better, ["wins", "ties", "losses", "sign_p"]] = np.nan
+    diff["sign_p_holm"] = holm(diff["sign_p"], keys)
     return stats.join(diff.drop(columns="diff_std")).reset_index()
 
 
+def holm(p: pd.Series, keys: list[str]) -> pd.Series:
+    """The sign tests' p values adjusted across the metrics of each group's comparison
+    (Holm's step-down, statsmodels' `multipletests`): a family per group, NaN kept out."""
+    from statsmodels.stats.multitest import multipletests
+
+    adjusted = pd.Series(np.nan, index=p.index)
+    for _, family in p.groupby(level=keys, sort=False):
+        tested = family.dropna()
+        if len(tested):
+            adjusted[tested.index] = multipletests(tested.to_numpy(), method="holm")[1]
+    return adjusted
+
+
 def _wins(paired: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Per paired seed: is the group better than its baseline, and is it a tie."""
+    """Per paired seed: is the group better than its baseline, and is it a tie (within
+    TIE_RTOL, TIE_ATOL of the baseline's value; a 1e-9 difference is no win)."""
     g, b = paired["value"].to_numpy(float), paired["baseline_value"].to_numpy(float)
     sign = paired["metric"].map(DIRECTIONS).map({"lower": -1.0, "higher": 1.0}).to_numpy(float)
     g_missing, b_missing = np.isnan(g), np.isnan(b)
+    tie = np.isclose(g, b, rtol=TIE_RTOL, atol=TIE_ATOL) | (g_missing & b_missing)
     with np.errstate(invalid="ignore"):
-        better = sign * (g - b) > 0
+        better = (sign * (g - b) > 0) & ~tie
     win = (better & ~g_missing & ~b_missing) | (~g_missing & b_missing)
-    tie = (g == b) | (g_missing & b_missing)
     return win, tie
 
 

@@ -11,8 +11,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gradexp.analysis.compare import TIE_ATOL, TIE_RTOL, WITHOUT_DIVERGED
 from gradexp.analysis.groups import LR_KEY, group_label, varying_keys
 from gradexp.analysis.metrics import DIRECTIONS, RATES, Settings
+
+RULES = (f"Ties: values within {TIE_RTOL:g} relative ({TIE_ATOL:g} absolute) of the baseline's. "
+         f"A diverged run counts in `diverged` and is left out of {', '.join(WITHOUT_DIVERGED)} "
+         "(their n shows it).")
 
 
 def _number(x: float, digits: int = 3) -> str:
@@ -58,7 +63,7 @@ def _diff_cell(row: pd.Series, baseline: dict[str, str]) -> str:
     cell = "—" if pd.isna(row["diff_mean"]) else _signed(row["diff_mean"])
     if row.name in RATES:
         return (f"{cell} ({int(row['wins'])} {RATES[row.name][1]}, {int(row['losses'])} lost, "
-                f"p={_number(row['sign_p'], 2)})")
+                f"p={_number(row['sign_p'], 2)}, Holm {_number(row['sign_p_holm'], 2)})")
     if not pd.isna(row["diff_ci_high"]):
         cell += f"±{_number(row['diff_ci_high'] - row['diff_mean'], 2)}"
     if not pd.isna(row["win_rate"]):
@@ -126,6 +131,7 @@ def metric_table(tidy: pd.DataFrame, keys: list[str], metric: str,
         columns |= {c: rows[c].map(_number) for c in ("wins", "ties", "losses")}
         columns["win rate"] = rows["win_rate"].map(lambda x: _number(x * 100) + "%" * (x >= 0))
         columns["sign p"] = rows["sign_p"].map(lambda x: _number(x, 2))
+        columns["Holm p"] = rows["sign_p_holm"].map(lambda x: _number(x, 2))
     return rows[varying_keys(tidy, keys, baseline)].assign(**columns)
 
 
@@ -200,7 +206,9 @@ def comparison_note(baseline: dict[str, str], settings: Settings,
             f"and {setting}, paired by seed; Δ = group − baseline, mean ± 95% t interval "
             f"over paired seeds, wins/pairs; diverged: seeds diverged/seeds [exact 95% "
             f"interval], Δ diverged: difference of the rates over paired seeds, seeds saved "
-            f"(baseline diverged, group did not) and lost, p of the exact sign test; {target}."
+            f"(baseline diverged, group did not) and lost, p of the exact sign test "
+            f"(two-sided) and Holm's adjustment across the group's metrics; {target}. "
+            f"{RULES}"
             + (" success: seeds that succeeded/seeds [exact 95% interval], Δ success: "
                "difference of the rates, seeds gained (group succeeded, baseline did not) and "
                "lost, p of the exact sign test." if success else ""))
