@@ -174,7 +174,7 @@ def make_step(cfg: DictConfig, arrays, strategy=None) -> Step:
             metrics.update(layer_metrics(models.position(layer), s))
         if measure and measured:
             metrics.update(telemetry.measure(params, before, grads, clipped, after))
-        row = as_row(metrics, names)
+        row = as_row(metrics, names, sometimes=measured)
         carry = [*clip_state, *(spike_state or ())]
         return State(model_values, optimizer_values, carry), row, grads
 
@@ -255,9 +255,11 @@ def update_metrics(c: dict, learning_rate) -> dict:
             "learning_rate": learning_rate}
 
 
-def as_row(metrics: dict, names) -> tf.Tensor:
-    """The float32 row of `names` (NaN where `metrics` has no value)."""
-    return tf.stack([tf.cast(metrics.get(name, NAN), tf.float32) for name in names])
+def as_row(metrics: dict, names, sometimes=()) -> tf.Tensor:
+    """The float32 row of `names`; NaN for those of `sometimes` (the telemetry, measured only
+    at logged steps) that `metrics` lacks. A name it lacks otherwise is a bug: KeyError."""
+    return tf.stack([tf.cast(metrics[name] if name in metrics or name not in sometimes else NAN,
+                             tf.float32) for name in names])
 
 
 def layer_metrics(position: str, stats) -> dict:

@@ -58,6 +58,8 @@ GROUPS = {
     # distributed branch only in a subprocess (test_devices' mirrored test)
     "step": (["gradexp/step.py"],
              ["tests/test_telemetry.py", "tests/test_by_hand.py",
+              # a user's loss (task_loss, check_loss) and model.fit's step (update_metrics, as_row)
+              "tests/test_user_model.py", "tests/test_keras_fit.py",
               # test_train's in-process tests (its others run `python -m gradexp.train`, whose
               # calls mutmut cannot see, and one asks git for the commit: the scratch copy has none)
               *(f"tests/test_train.py::test_{name}" for name in (
