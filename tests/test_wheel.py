@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,10 @@ QUICK = ["trainer.steps=60", "trainer.log_every=20", "trainer.eval_every=60",
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """A virtual environment's python with gradexp installed from a wheel built from this
-    checkout (its dependencies, TensorFlow and the rest, seen from the system's packages)."""
+    """A fresh virtual environment's python with gradexp installed from a wheel built from
+    this checkout; its dependencies (TensorFlow and the rest) are read from this environment's
+    site-packages, added to the path by a .pth line (whose own .pth files, such as an editable
+    gradexp's, are not run: the wheel's gradexp is the only one)."""
     where = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(where), str(REPO)], check=True, capture_output=True,
@@ -29,9 +32,12 @@ def installed(tmp_path_factory) -> Path:
     shutil.rmtree(REPO / "build", ignore_errors=True)  # pip's build tree, in the checkout
     wheel, = where.glob("gradexp-*.whl")
     venv = where / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path("
+                           "'purelib'))"], check=True, capture_output=True, text=True).stdout
+    outer = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    (Path(site.strip()) / "dependencies.pth").write_text("\n".join(sorted(outer)) + "\n")
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
                    check=True, capture_output=True, timeout=300)
     return python
