@@ -58,8 +58,15 @@ GROUPS = {
     # distributed branch only in a subprocess (test_devices' mirrored test)
     "step": (["gradexp/step.py"],
              ["tests/test_telemetry.py", "tests/test_by_hand.py",
-              # a user's loss (task_loss, check_loss) and model.fit's step (update_metrics, as_row)
-              "tests/test_user_model.py", "tests/test_keras_fit.py",
+              # a user's loss (task_loss, check_loss) and model.fit's step (update_metrics,
+              # as_row): their in-process tests
+              *(f"tests/test_user_model.py::test_{name}" for name in (
+                  "any_keras_optimizer_by_name_with_its_arguments",
+                  "a_keras_loss_by_name_or_path_and_one_loss_per_example")),
+              *(f"tests/test_keras_fit.py::test_{name}" for name in (
+                  "a_fit_step_logs_what_gradexp_own_step_measures_on_the_same_weights_and_batch",
+                  "a_clip_layer_inside_the_recurrence_adds_up_over_the_time_steps",
+                  "a_model_without_clip_layers_logs_the_global_measurements")),
               # test_train's in-process tests (its others run `python -m gradexp.train`, whose
               # calls mutmut cannot see, and one asks git for the commit: the scratch copy has none)
               *(f"tests/test_train.py::test_{name}" for name in (
