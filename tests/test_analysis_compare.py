@@ -23,6 +23,13 @@ def t_interval(values):
                                   scale=scipy.stats.sem(values))
 
 
+def log_t_interval(values):
+    """The same on the log scale (the delta method's SE(log x̄) = sem / x̄): [x̄ / f, x̄ · f]."""
+    mean = np.mean(values)
+    half = scipy.stats.t.ppf(0.975, len(values) - 1) * scipy.stats.sem(values)
+    return mean / math.exp(half / mean), mean * math.exp(half / mean)
+
+
 def test_paired_differences_interval_and_win_rate(tmp_path):
     base, clipped = [1.0, 2.0, 3.0], [0.5, 2.5, 2.0, 9.0]  # final losses per seed
     for seed, final in enumerate(base):
@@ -34,7 +41,8 @@ def test_paired_differences_interval_and_win_rate(tmp_path):
     _, tidy = summarize(runs, baseline={"clip": "null"})
     row = tidy[(tidy["clip"] == "0.1") & (tidy["metric"] == "final_loss")].iloc[0]
     assert row["n"] == 4 and row["mean"] == pytest.approx(np.mean(clipped))
-    assert (row["ci_low"], row["ci_high"]) == pytest.approx(t_interval(clipped))
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx(log_t_interval(clipped))
+    assert t_interval(clipped)[0] < 0 < row["ci_low"]  # a loss's interval stays above 0
     diffs = [-0.5, 0.5, -1.0]  # seeds 0, 1, 2 only
     assert row["baseline"] == "clip=null" and row["n_paired"] == 3
     assert row["diff_mean"] == pytest.approx(np.mean(diffs))
@@ -148,8 +156,8 @@ def test_printed_validation_metric(tmp_path, accuracy, shown):
     table = group_table(tidy, ["clip"], {"clip": "null"}).set_index("clip")
     assert [c for c in table.columns if c.startswith("val_")] == shown
     assert [c for c in table.columns if c.startswith("Δ val_")] == [f"Δ {c}" for c in shown]
-    if "val_loss" in shown:  # mean 2 ± t(0.975, 1) · √2 / √2 = 12.7
-        assert table.loc["0.1", "val_loss"] == "2±13"
+    if "val_loss" in shown:  # 2 ·/÷ exp(t(0.975, 1) · √2 / (2 · √2)) = exp(6.35) = 573
+        assert table.loc["0.1", "val_loss"] == "2 (0.0035–1149)"
         assert table.loc["0.1", "Δ val_loss"] == "+0±0 0/2"  # two ties
 
 

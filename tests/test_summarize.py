@@ -3,6 +3,8 @@ errors, the --baseline option, and the bad-input catalogue of the summary side."
 
 from __future__ import annotations
 
+import math
+
 import subprocess
 import sys
 
@@ -291,7 +293,8 @@ def test_tensorboard_bands_name_each_setting_and_replace_an_earlier_summary(tmp_
     # seed 1 diverged at step 3 (1e9 > 1000 × 4): steps 1-2 have two seeds, steps 3-4 one
     assert values("mean/loss/train") == {1: 4.0, 2: 2.5, 3: 2.0, 4: 1.0}
     half = 12.706204736174707 * (0.5 ** 0.5) / (2 ** 0.5)  # t_{0.975,1} · s / √2, s = √0.5
-    assert values("lower/loss/train")[2] == pytest.approx(2.5 - half, rel=1e-6)
-    assert values("upper/loss/train")[2] == pytest.approx(2.5 + half, rel=1e-6)
+    factor = math.exp(half / 2.5)  # a loss: on the log scale, [x̄ / f, x̄ · f], never below 0
+    assert values("lower/loss/train")[2] == pytest.approx(2.5 / factor, rel=1e-6)
+    assert values("upper/loss/train")[2] == pytest.approx(2.5 * factor, rel=1e-6)
     assert values("lower/loss/train")[1] == values("upper/loss/train")[1] == 4.0  # s = 0
     assert values("lower/loss/train")[3] == values("upper/loss/train")[3] == 2.0  # one seed

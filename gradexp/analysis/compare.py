@@ -34,7 +34,7 @@ from gradexp.analysis.metrics import (
     steps_to_target,
 )
 from gradexp.analysis.runs import LOSS, Run
-from gradexp.analysis.stats import clopper_pearson, sign_test, t_interval
+from gradexp.analysis.stats import clopper_pearson, interval, sign_test, t_interval
 
 COUNTS = ("runs", "completed", "diverged", "failed", "incomplete")
 # The summary's rules, each written here once and stated in the report (reports.RULES):
@@ -131,8 +131,9 @@ def group_counts(runs_table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def compare(per_seed: pd.DataFrame, keys: list[str],
             baseline: dict[str, str]) -> pd.DataFrame:
-    """One row per (group, metric): n seeds, mean, std and 95% interval over seeds (for the 0/1
-    RATES, Clopper–Pearson's); and against the matching baseline group (same values of the
+    """One row per (group, metric): n seeds, mean, std and 95% interval over seeds (stats.interval:
+    on the log scale for non-negative values, so never below 0; for the 0/1 RATES,
+    Clopper–Pearson's); and against the matching baseline group (same values of the
     other keys, every baseline key at its baseline value), over the seeds both groups have: the
     paired differences d_s = group_s − baseline_s (mean; 95% t interval but for the RATES),
     wins, ties, losses, win rate = wins / paired seeds and the sign test of wins against losses,
@@ -145,8 +146,10 @@ def compare(per_seed: pd.DataFrame, keys: list[str],
         out = long["metric"].isin(WITHOUT_DIVERGED) & (long["run_diverged"] > 0)
         long = long[~out].drop(columns="run_diverged").reset_index(drop=True)
     by = [*keys, "metric"]
-    stats = long.groupby(by, sort=False)["value"].agg(n="count", mean="mean", std="std")
-    stats["ci_low"], stats["ci_high"] = t_interval(stats["mean"], stats["std"], stats["n"])
+    stats = long.groupby(by, sort=False)["value"].agg(n="count", mean="mean", std="std",
+                                                      low="min")
+    stats["ci_low"], stats["ci_high"] = interval(stats["mean"], stats["std"], stats["n"],
+                                                 stats.pop("low"))
     rate = stats.index.get_level_values("metric").isin(list(RATES))  # 0/1: no t interval
     stats.loc[rate, "ci_low"], stats.loc[rate, "ci_high"] = clopper_pearson(
         (stats["mean"] * stats["n"])[rate].round(9), stats["n"][rate])

@@ -11,7 +11,7 @@ import pandas as pd
 from gradexp.analysis.groups import group_label, varying_keys
 from gradexp.analysis.metrics import steps_before_divergence
 from gradexp.analysis.runs import Run
-from gradexp.analysis.stats import t_half_width
+from gradexp.analysis.stats import interval
 
 BAND_COLUMNS = ["n", "mean", "lower", "upper"]
 
@@ -40,12 +40,12 @@ def across_seeds(tables: list[pd.DataFrame], column: str, window: int = 1) -> pd
 
         n      the number of seeds
         mean   x̄ = Σ x_i / n
-        lower  x̄ − t_{0.975, n−1} · s / √n    (s: the standard deviation, ddof = 1)
-        upper  x̄ + t_{0.975, n−1} · s / √n
+        lower  the 95% interval of the mean the tables give (analysis.stats.interval): where
+        upper  the values are non-negative, x̄ / f and x̄ · f, f = exp(t_{0.975, n−1} · s /
+               (x̄ √n)) (on the log scale: never below 0); else x̄ ∓ t_{0.975, n−1} · s / √n
 
-    the 95% Student-t interval of the mean (analysis.stats.t_half_width). Where n = 1 the band
-    has no width (lower = upper = mean): one seed gives no interval. Empty (these columns)
-    when no seed has the column."""
+    Where n = 1 the band has no width (lower = upper = mean): one seed gives no interval.
+    Empty (these columns) when no seed has the column."""
     series = [t[column].dropna().rolling(window, min_periods=1).mean()
               for t in tables if column in t]
     series = [s for s in series if len(s)]
@@ -54,6 +54,7 @@ def across_seeds(tables: list[pd.DataFrame], column: str, window: int = 1) -> pd
     wide = pd.concat(series, axis=1).sort_index()
     n = wide.count(axis=1)
     mean = wide.mean(axis=1)
-    half = pd.Series(np.nan_to_num(t_half_width(wide.std(axis=1, ddof=1), n), nan=0.0),
-                     index=wide.index)
-    return pd.DataFrame({"n": n, "mean": mean, "lower": mean - half, "upper": mean + half})
+    lower, upper = interval(mean, wide.std(axis=1, ddof=1), n, wide.min(axis=1))
+    alone = n.to_numpy() < 2
+    return pd.DataFrame({"n": n, "mean": mean, "lower": np.where(alone, mean, lower),
+                         "upper": np.where(alone, mean, upper)}, index=wide.index)

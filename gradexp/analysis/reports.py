@@ -35,12 +35,15 @@ def _signed(x: float) -> str:
 
 
 def _mean_cell(row: pd.Series, seeds: int) -> str:
-    """`mean±half-width`, with `[n=k]` when only k of the group's seeds have a value."""
+    """`mean (low–high)`, the 95% interval (not symmetric on the log scale), with `[n=k]` when
+    only k of the group's seeds have a value."""
     if row["n"] == 0:
         return "—"
     cell = _number(row["mean"])
-    if not pd.isna(row["ci_high"]):
-        cell += f"±{_number(row['ci_high'] - row['mean'], 2)}"
+    if row["ci_low"] == row["ci_high"]:  # every seed alike
+        cell += "±0"
+    elif not pd.isna(row["ci_high"]):
+        cell += f" ({_number(row['ci_low'], 2)}–{_number(row['ci_high'], 2)})"
     return cell + (f" [n={row['n']}]" if row["n"] < seeds else "")
 
 

@@ -28,6 +28,29 @@ def t_interval(mean: Any, std: Any, n: Any) -> tuple[Any, Any]:
     return mean - half, mean + half
 
 
+def interval(mean: Any, std: Any, n: Any, low: Any) -> tuple[Any, Any]:
+    """The summary's 95% interval of a mean over n seeds: `log_t_interval` where the values are
+    non-negative (`low`, their minimum, ≥ 0: a loss, a norm, a count), so that it stays ≥ 0;
+    else `t_interval`. Vectorized over arrays."""
+    t_low, t_high = t_interval(mean, std, n)
+    log_low, log_high = log_t_interval(mean, std, n)
+    positive = np.asarray(low, float) >= 0
+    return np.where(positive, log_low, t_low), np.where(positive, log_high, t_high)
+
+
+def log_t_interval(mean: Any, std: Any, n: Any) -> tuple[Any, Any]:
+    """95% interval of a non-negative mean on the log scale: [x̄ / f, x̄ · f] with
+    f = exp(t_{0.975, n−1} · s / (x̄ √n)), the Student-t interval of log x̄ with the delta
+    method's standard error s / (x̄ √n); never below 0, [0, 0] where x̄ = 0 (every value 0),
+    NaN when n < 2. Vectorized over arrays."""
+    mean, half = np.asarray(mean, float), t_half_width(std, n)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        factor = np.exp(half / mean)
+        low, high = mean / factor, mean * factor
+    zero = (mean == 0) & ~np.isnan(half)
+    return np.where(zero, 0.0, low), np.where(zero, 0.0, high)
+
+
 def clopper_pearson(k: Any, n: Any) -> tuple[Any, Any]:
     """Exact 95% interval of a rate of k in n: [B⁻¹(0.025; k, n−k+1), B⁻¹(0.975; k+1, n−k)], the
     lower end 0 for k = 0 and the upper 1 for k = n (B⁻¹: the quantile of the beta
