@@ -201,3 +201,25 @@ def test_the_summarys_rules_ties_diverged_runs_and_holm(tmp_path):
     np.testing.assert_allclose(group.loc[tested.index, "sign_p_holm"],
                                multipletests(tested.to_numpy(), method="holm")[1])
     assert (group.loc[tested.index, "sign_p_holm"] >= tested).all()
+
+
+def test_another_model_is_compared_unpaired(tmp_path):
+    """model=cnn against model=mlp: seed s of one is no draw of the other's, so no pairs:
+    Δ = difference of the means with Welch's interval, Mann-Whitney's two-sided test, and for
+    `diverged` Fisher's exact test on the 2x2 counts; no wins or ties."""
+    mlp, cnn = [1.0, 2.0, 3.0, 4.0], [2.5, 3.5, 4.5, 9.0]
+    for seed, (a, b) in enumerate(zip(mlp, cnn, strict=True)):
+        write_run(tmp_path / f"m{seed}", ["model=mlp", f"seed={seed}"], ending_at(a))
+        write_run(tmp_path / f"c{seed}", ["model=cnn", f"seed={seed}"], ending_at(b))
+    _, tidy = summarize(load_runs(tmp_path)[0], baseline={"model": "mlp"})
+    row = tidy[(tidy["model"] == "cnn") & (tidy["metric"] == "final_loss")].iloc[0]
+    welch = scipy.stats.ttest_ind(cnn, mlp, equal_var=False).confidence_interval(0.95)
+    assert row["diff_mean"] == pytest.approx(np.mean(cnn) - np.mean(mlp))
+    assert (row["diff_ci_low"], row["diff_ci_high"]) == pytest.approx((welch.low, welch.high))
+    assert row["test"] == "mann-whitney" and row["n_paired"] == 0
+    assert row["sign_p"] == pytest.approx(scipy.stats.mannwhitneyu(cnn, mlp).pvalue)
+    assert math.isnan(row["wins"]) and math.isnan(row["ties"])
+    diverged = tidy[(tidy["model"] == "cnn") & (tidy["metric"] == "diverged")].iloc[0]
+    assert diverged["test"] == "fisher" and diverged["sign_p"] == 1.0  # 0/4 against 0/4
+    printed = group_table(tidy, ["model"], {"model": "mlp"}).set_index("model")
+    assert "(unpaired, p=" in printed.loc["cnn"].to_string()

@@ -4,7 +4,6 @@ errors, the --baseline option, and the bad-input catalogue of the summary side."
 from __future__ import annotations
 
 import math
-
 import subprocess
 import sys
 

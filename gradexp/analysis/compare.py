@@ -39,12 +39,13 @@ from gradexp.analysis.stats import clopper_pearson, interval, sign_test, t_inter
 COUNTS = ("runs", "completed", "diverged", "failed", "incomplete")
 # The summary's rules, each written here once and stated in the report (reports.RULES):
 TIE_RTOL, TIE_ATOL = 1e-6, 1e-8  # |g − b| ≤ atol + rtol·|b| is a tie (float32 keeps ~7 digits)
+STRUCTURE = ("model", "dataset")  # a baseline of another model or dataset: compared unpaired
 WITHOUT_DIVERGED = ("final_loss", "val_loss", "val_accuracy", "mean_loss")  # a diverged run's
 # figures from before its blow-up: it counts in `diverged`, not in these (their n says so)
 # summary.csv, one row per group × metric: the group's keys and label, then these
 SUMMARY_COLUMNS = ["metric", "better", "n", "mean", "std", "ci_low", "ci_high",
                    "baseline", "n_paired", "n_diff", "diff_mean", "diff_ci_low", "diff_ci_high",
-                   "wins", "ties", "losses", "win_rate", "sign_p", "sign_p_holm", *COUNTS,
+                   "wins", "ties", "losses", "win_rate", "test", "sign_p", "sign_p_holm", *COUNTS,
                    "divergence_rate", "divergence_ci_low", "divergence_ci_high", "target_loss"]
 # and only where the sweep has them: a rate per 0/1 metric but `diverged`, max_stable_lr
 RATE_COLUMNS = {metric: [f"{name}_rate", f"{name}_ci_low", f"{name}_ci_high"]
@@ -156,6 +157,8 @@ def compare(per_seed: pd.DataFrame, keys: list[str],
     stats.insert(0, "better", stats.index.get_level_values("metric").map(DIRECTIONS))
     if not baseline:
         return stats.reset_index()
+    if any(key.split(".")[0] in STRUCTURE for key in baseline):
+        return stats.join(unpaired(long, keys, baseline)).reset_index()
     columns = [*keys, SEED_KEY, "metric"]
     partner = long[columns].assign(**baseline).merge(long[[*columns, "value"]], how="left",
                                                      on=columns, indicator=True)
@@ -180,8 +183,50 @@ def compare(per_seed: pd.DataFrame, keys: list[str],
     diff["win_rate"] = (diff["wins"] / diff["n_paired"]).where(has_better)
     diff["sign_p"] = sign_test(diff["wins"], diff["losses"])
     diff.loc[~has_better, ["wins", "ties", "losses", "sign_p"]] = np.nan
+    diff["test"] = np.where(has_better, "sign", "")
     diff["sign_p_holm"] = holm(diff["sign_p"], keys)
     return stats.join(diff.drop(columns="diff_std")).reset_index()
+
+
+def unpaired(long: pd.DataFrame, keys: list[str], baseline: dict[str, str]) -> pd.DataFrame:
+    """Against a baseline of another structure (model, dataset), where a seed names no common
+    draw: every seed of the group against every seed of the baseline group. Δ = mean − the
+    baseline's mean with Welch's 95% interval (scipy's ttest_ind, unequal variances), the
+    two-sided Mann–Whitney U test (for the 0/1 RATES, Fisher's exact test on the 2×2 counts);
+    no wins or ties (no pairs)."""
+    from scipy.stats import fisher_exact, mannwhitneyu, ttest_ind
+
+    values = long.groupby([*keys, "metric"], sort=False)["value"].apply(
+        lambda v: v.dropna().to_numpy(float))
+    rows = {}
+    for index, g in values.items():
+        setting = dict(zip([*keys, "metric"], index, strict=True))
+        if all(setting[k] == v for k, v in baseline.items()):
+            continue
+        partner = tuple({**setting, **baseline}[k] for k in [*keys, "metric"])
+        b = values.get(partner)
+        if b is None or not len(b) or not len(g):
+            continue
+        row = {"baseline": group_label({k: {**setting, **baseline}[k] for k in keys}),
+               "n_paired": 0, "n_diff": len(g), "diff_mean": g.mean() - b.mean(),
+               "diff_ci_low": np.nan, "diff_ci_high": np.nan, "test": "", "sign_p": np.nan}
+        metric = setting["metric"]
+        if metric in RATES:
+            table = [[g.sum(), len(g) - g.sum()], [b.sum(), len(b) - b.sum()]]
+            row.update(test="fisher", sign_p=fisher_exact(table).pvalue)
+        elif len(g) > 1 and len(b) > 1:
+            if np.ptp(np.concatenate([g, b])) > 0:
+                ci = ttest_ind(g, b, equal_var=False).confidence_interval(0.95)
+                row.update(diff_ci_low=ci.low, diff_ci_high=ci.high)
+            if DIRECTIONS.get(metric):
+                row.update(test="mann-whitney", sign_p=mannwhitneyu(g, b).pvalue)
+        rows[index] = row
+    diff = pd.DataFrame.from_dict(rows, orient="index")
+    if diff.empty:
+        return diff
+    diff.index = pd.MultiIndex.from_tuples(diff.index, names=[*keys, "metric"])
+    diff["sign_p_holm"] = holm(diff["sign_p"], keys)
+    return diff
 
 
 def holm(p: pd.Series, keys: list[str]) -> pd.Series:

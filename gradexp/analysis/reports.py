@@ -15,7 +15,9 @@ from gradexp.analysis.compare import TIE_ATOL, TIE_RTOL, WITHOUT_DIVERGED
 from gradexp.analysis.groups import LR_KEY, group_label, varying_keys
 from gradexp.analysis.metrics import DIRECTIONS, RATES, Settings
 
-RULES = (f"Ties: values within {TIE_RTOL:g} relative ({TIE_ATOL:g} absolute) of the baseline's. "
+RULES = ("Against a baseline of another model or dataset the seeds are not paired: Welch's "
+         "interval, Mann-Whitney's test (Fisher's for a rate). "
+         f"Ties: values within {TIE_RTOL:g} relative ({TIE_ATOL:g} absolute) of the baseline's. "
          f"A diverged run counts in `diverged` and is left out of {', '.join(WITHOUT_DIVERGED)} "
          "(their n shows it).")
 
@@ -61,6 +63,11 @@ def _diff_cell(row: pd.Series, baseline: dict[str, str]) -> str:
     (`gained` for success); `base` in a baseline group."""
     if all(row[k] == v for k, v in baseline.items()):
         return "base"
+    if row.get("test") in ("mann-whitney", "fisher"):  # another model or dataset: unpaired
+        cell = _signed(row["diff_mean"])
+        if not pd.isna(row["diff_ci_high"]):
+            cell += f"±{_number(row['diff_ci_high'] - row['diff_mean'], 2)}"
+        return f"{cell} (unpaired, p={_number(row['sign_p'], 2)})"
     if pd.isna(row.get("n_paired")) or not row["n_paired"]:
         return "no pair"
     cell = "—" if pd.isna(row["diff_mean"]) else _signed(row["diff_mean"])
