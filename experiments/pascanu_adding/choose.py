@@ -19,7 +19,8 @@ GAIN, RATE, METHOD = "model.recurrent_gain", "optimizer.learning_rate", "clippin
 
 def table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per regime: successes and divergences of each method, and the rule's keys."""
-    runs = runs.assign(method=runs[METHOD].map(lambda v: "sgd" if str(v) == "null" else "sgd_c"))
+    plain = runs[METHOD].isna() | (runs[METHOD].astype(str) == "null")  # pandas reads null as NaN
+    runs = runs.assign(method=plain.map({True: "sgd", False: "sgd_c"}))
     counts = runs.pivot_table(index=[GAIN, RATE], columns="method",
                               values=["success", "diverged"], aggfunc="sum")
     counts.columns = [f"{method}_{what}" for what, method in counts.columns]
