@@ -205,3 +205,27 @@ def test_a_keras_loss_by_name_or_path_and_one_loss_per_example(user_dir, make_cf
     with pytest.raises(config.ConfigError, match=r"^model.loss=mse: must give one loss per "
                                                  r"example \(shape \(2,\) for 2 examples\)"):
         check_loss(lambda y, out: tf.reduce_mean(out), model, arrays, "mse")
+
+
+def test_the_step_trains_on_the_configured_loss(user_dir, make_cfg):
+    """model.loss reaches the step: its validation loss is the Keras loss's mean over the
+    validation set; a loss of the wrong shape stops make_step in one line."""
+    from gradexp import data
+    from gradexp.step import make_step
+
+    (user_dir / "my_losses.py").write_text(
+        "import keras\n\ndef total(y, out):\n    return keras.ops.sum(out)\n")
+    base = ["model=keras", "model.build=my_models:make", "model.kwargs.width=4", "dataset=teacher"]
+    cfg = make_cfg(*base, "model.loss=huber")
+    arrays = data.load(cfg.dataset)
+    step = make_step(cfg, arrays)
+    x_val, y_val = data.validation_set(arrays)
+    values = [tf.convert_to_tensor(v) for v in step.model.variables]
+    expected = np.mean(keras.losses.huber(y_val[:, None], step.model(x_val)))
+    assert float(step.evaluate(values, x_val, y_val)["loss/val"]) == pytest.approx(expected,
+                                                                                rel=1e-5)
+    squared = np.mean((step.model(x_val)[:, 0] - y_val) ** 2)  # the default: not this one
+    assert abs(expected - squared) > 1e-3
+    with pytest.raises(config.ConfigError, match=r"^model.loss=my_losses:total: must give one "
+                                                 r"loss per example"):
+        make_step(make_cfg(*base, "model.loss=my_losses:total"), arrays)
