@@ -228,7 +228,7 @@ def test_an_hparam_has_one_type_in_every_run_whichever_method_the_run_uses(make_
 def test_tensorboard_serves_the_summary_bands_of_a_real_sweep(served_sweep):
     """`summarize DIR --tensorboard` on the 4-run sweep (clip=null,0.1 × 2 seeds): TensorBoard
     over DIR serves the runs summary_tb/clip-null and summary_tb/clip-0.1 and their margin
-    charts, and each step's mean/lower/upper equals the mean and 95% t-interval of the two
+    charts, and each step's mean/lower/upper equals the mean and 95% log-scale t interval of the two
     seeds' metrics.csv values worked out here with numpy."""
     import numpy as np
     from scipy.stats import t
@@ -269,8 +269,9 @@ def test_tensorboard_serves_the_summary_bands_of_a_real_sweep(served_sweep):
             assert steps.tolist() == ([20] if m == "loss/val" else list(range(1, 21)))
             mean = x.mean(axis=0)
             half = t.ppf(0.975, df=1) * x.std(axis=0, ddof=1) / np.sqrt(2)
-            for kind, expected in (("mean", mean), ("lower", mean - half),
-                                   ("upper", mean + half)):
+            factor = np.exp(half / mean)  # non-negative values: the interval on the log scale
+            for kind, expected in (("mean", mean), ("lower", mean / factor),
+                                   ("upper", mean * factor)):
                 points = events.Tensors(f"{kind}/{m}")
                 assert [e.step for e in points] == steps.tolist()
                 read = [e.tensor_proto.float_val[0] for e in points]

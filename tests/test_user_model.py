@@ -213,7 +213,7 @@ def test_the_step_trains_on_the_configured_loss(user_dir, make_cfg):
     from gradexp import data
     from gradexp.step import make_step
 
-    (user_dir / "my_losses.py").write_text(
+    (user_dir / "scalar_loss.py").write_text(  # a module name no other test imports
         "import keras\n\ndef total(y, out):\n    return keras.ops.sum(out)\n")
     base = ["model=keras", "model.build=my_models:make", "model.kwargs.width=4", "dataset=teacher"]
     cfg = make_cfg(*base, "model.loss=huber")
@@ -226,6 +226,6 @@ def test_the_step_trains_on_the_configured_loss(user_dir, make_cfg):
                                                                                 rel=1e-5)
     squared = np.mean((step.model(x_val)[:, 0] - y_val) ** 2)  # the default: not this one
     assert abs(expected - squared) > 1e-3
-    with pytest.raises(config.ConfigError, match=r"^model.loss=my_losses:total: must give one "
-                                                 r"loss per example"):
-        make_step(make_cfg(*base, "model.loss=my_losses:total"), arrays)
+    with pytest.raises(config.ConfigError, match=r"^model.loss=scalar_loss:total: must give "
+                                                 r"one loss per example"):
+        make_step(make_cfg(*base, "model.loss=scalar_loss:total"), arrays)
