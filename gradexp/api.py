@@ -23,7 +23,6 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from gradexp import config, rundir  # noqa: E402
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"  # a link to conf/; in a wheel, its copy
 SUMMARY_COLUMNS = ("status", "steps", "final_loss", "val_loss", "val_accuracy", "diverged",
                    "diverged_step", "steps_per_s")
 
@@ -37,8 +36,10 @@ def compose(*overrides: str, config_dir: str | Path | None = None) -> DictConfig
 
     extra = ([f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else [])
     GlobalHydra.instance().clear()
+    from gradexp.train import CONF_DIR  # the entry point's config directory, spelled there
+
     try:
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        with initialize_config_dir(CONF_DIR, version_base="1.3"):
             cfg = hydra_compose("config", overrides=[*overrides, *extra])
     except Exception as exc:
         message = config.explain(exc)
