@@ -65,7 +65,7 @@ class Step:
     update: Callable[[State, Backward, bool], tuple[State, tf.Tensor, list]]
     evaluate: Callable
 
-    def train(self, state: State, x, y, measure: bool = False) -> tuple[State, tf.Tensor, list]:
+    def train(self, state: State, x, y, measure: bool) -> tuple[State, tf.Tensor, list]:
         """One step on one device: the new state, its row, and the parameters' gradients
         (before parameter clipping, in true units: the gradient histograms')."""
         return self.update(state, self.backward(state, x, y), measure)

@@ -87,7 +87,7 @@ def fit_and_own_rows(cfg, run_dir, optimizer, steps=3, **compile_kwargs):
     for k in range(steps):
         state = State(before[k], optimizer_values, compiled.initial_carry())
         _, row, _ = compiled.train(state, x[k * batch:(k + 1) * batch],
-                                   y[k * batch:(k + 1) * batch])
+                                   y[k * batch:(k + 1) * batch], measure=True)
         own.append(dict(zip(compiled.names, row.numpy(), strict=True)))
     positions = [n.split("/")[1] for n in compiled.names if n.startswith("clip_fraction/")]
     return read_metrics(run_dir / rundir.METRICS), own, positions

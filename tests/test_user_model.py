@@ -206,6 +206,13 @@ def test_a_keras_loss_by_name_or_path_and_one_loss_per_example(user_dir, make_cf
                                                  r"example \(shape \(2,\) for 2 examples\)"):
         check_loss(lambda y, out: tf.reduce_mean(out), model, arrays, "mse")
 
+    def refuses(y, out):  # a loss that cannot take the model's outputs: its own first line
+        raise ValueError("Dimensions must be equal, but are 10 and 3\nthe traceback's rest")
+
+    with pytest.raises(config.ConfigError, match=r"^model.loss=mine: .* for 2 examples\); got "
+                                                 r"Dimensions must be equal, but are 10 and 3$"):
+        check_loss(refuses, model, arrays, "mine")
+
 
 def test_the_step_trains_on_the_configured_loss(user_dir, make_cfg):
     """model.loss reaches the step: its validation loss is the Keras loss's mean over the
