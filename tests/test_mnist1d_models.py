@@ -1,11 +1,13 @@
 """experiments/mnist1d/paper_models.py: the MNIST-1D paper's models, written the user's way,
 have the paper code's parameter counts (greydanus/mnist1d notebooks/models.py, PyTorch) and
-the shapes it computes."""
+the shapes it computes; paper_data.py splits validation from the training set, never returns
+the test set, and shuffles the 40 positions of every sequence alike."""
 
 from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import REPO
@@ -27,3 +29,49 @@ def test_the_papers_models_have_its_parameter_counts(name, monkeypatch):
     assert model.output_shape == (None, 10)
     if name == "cnn":  # lengths 40 -> 19 -> 10 -> 5, as the paper's linear_in = 125 says
         assert [model.get_layer(f"conv_{i}").output.shape[1] for i in (1, 2, 3)] == [19, 10, 5]
+
+
+@pytest.fixture(scope="module")
+def paper_data():
+    path = str(REPO / "experiments" / "mnist1d")
+    sys.path.insert(0, path)
+    sys.modules.pop("paper_data", None)
+    try:
+        import paper_data
+
+        yield paper_data
+    finally:
+        sys.path.remove(path)
+        sys.modules.pop("paper_data", None)
+
+
+def test_the_validation_set_is_split_from_the_training_set(paper_data):
+    """3,600 + 400 of the package's 4,000 training sequences, disjoint; its 1,000 test
+    sequences are in neither split."""
+    data = paper_data.generated(42)
+    (x_train, y_train), (x_val, y_val) = paper_data.mnist1d()
+    assert (x_train.shape, x_val.shape) == ((3600, 40, 1), (400, 40, 1))
+    assert (x_train.dtype, y_train.dtype) == (np.float32, np.int32)
+    rows = {row.tobytes() for row in data["x"].astype(np.float32)}
+    both = np.concatenate([x_train, x_val])[..., 0]
+    assert {row.tobytes() for row in both} == rows and len(rows) == 4000
+    test = {row.tobytes() for row in data["x_test"].astype(np.float32)}
+    assert not test & {row.tobytes() for row in both}
+    labels = dict(zip((r.tobytes() for r in data["x"].astype(np.float32)), data["y"],
+                      strict=True))
+    assert all(labels[r.tobytes()] == y for r, y in zip(x_val[..., 0], y_val, strict=True))
+
+
+def test_shuffled_data_permute_every_sequence_alike(paper_data):
+    """The same examples in the same split, each with its positions in one fixed order that
+    is not the original one; the labels stay."""
+    (x_train, y_train), (x_val, y_val) = paper_data.mnist1d()
+    (s_train, s_train_y), (s_val, s_val_y) = paper_data.mnist1d(shuffle=True)
+    order = paper_data.permutation(True)
+    assert sorted(order) == list(range(40)) and (order != np.arange(40)).any()
+    np.testing.assert_array_equal(s_train, x_train[:, order])
+    np.testing.assert_array_equal(s_val, x_val[:, order])
+    np.testing.assert_array_equal(s_train_y, y_train)
+    np.testing.assert_array_equal(s_val_y, y_val)
+    other = paper_data.mnist1d(shuffle=True, permutation_seed=1)[0][0]
+    assert not np.array_equal(other, s_train)

@@ -22,28 +22,39 @@ from gradexp.analysis.stats import clopper_pearson
 METHOD = "clipping.max_norm"
 
 
-def main(path: str) -> None:
-    runs = pd.read_csv(path)
+def pairs(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(plain SGD, SGD-C): each method's runs indexed by seed, the seeds both have."""
     plain = runs[METHOD].isna() | (runs[METHOD].astype(str) == "null")  # pandas: null -> NaN
     sgd = runs[plain].set_index("seed").sort_index()
     sgd_c = runs[~plain].set_index("seed").sort_index()
     seeds = sgd.index.intersection(sgd_c.index)
-    sgd, sgd_c = sgd.loc[seeds], sgd_c.loc[seeds]
+    return sgd.loc[seeds], sgd_c.loc[seeds]
+
+
+def rate(column: str, table: pd.DataFrame) -> str:
+    """k/n and the exact (Clopper–Pearson) 95% interval."""
+    k, n = int(table[column].sum()), len(table)
+    low, high = clopper_pearson(k, n)
+    return f"{k}/{n} [{float(low):.2f}, {float(high):.2f}]"
+
+
+def result(runs: pd.DataFrame) -> str:
+    """The declared test's result, as result.md states it."""
+    sgd, sgd_c = pairs(runs)
+    seeds = sgd.index
     b = int(((sgd_c["success"] == 1) & (sgd["success"] == 0)).sum())
     c = int(((sgd_c["success"] == 0) & (sgd["success"] == 1)).sum())
     p = binomtest(b, b + c, 0.5, alternative="greater").pvalue if b + c else 1.0
-
-    def rate(column, table):
-        k, n = int(table[column].sum()), len(table)
-        low, high = clopper_pearson(k, n)
-        return f"{k}/{n} [{float(low):.2f}, {float(high):.2f}]"
-
     verdict = "holds" if p < 0.05 else "does not hold"
-    text = (f"Seeds {seeds.min()}–{seeds.max()} ({len(seeds)} pairs). Success: SGD-C "
+    return (f"Seeds {seeds.min()}–{seeds.max()} ({len(seeds)} pairs). Success: SGD-C "
             f"{rate('success', sgd_c)}, plain SGD {rate('success', sgd)}; diverged: SGD-C "
             f"{rate('diverged', sgd_c)}, plain SGD {rate('diverged', sgd)}. Discordant seeds: "
             f"{b} solved by SGD-C alone, {c} by plain SGD alone; exact one-sided McNemar "
             f"p = {p:.4g}: the declared hypothesis {verdict} at α = 0.05.\n")
+
+
+def main(path: str) -> None:
+    text = result(pd.read_csv(path))
     (Path(path).parent / "result.md").write_text(text)
     print(text)
 

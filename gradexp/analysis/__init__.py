@@ -10,6 +10,7 @@ later one):
               the largest stable learning rate of a learning-rate sweep (max_stable_lr)
     reports   the printed table and summary.md
     plots     the PNGs (matplotlib, imported only there)
+    readme    a study README's generated blocks, which its report.py rewrites (imports none)
 
 `python -m gradexp.summarize` is the command line over them. No TensorFlow (but to read event
 files of a run without metrics.csv). This file imports nothing: import the modules themselves.
