@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from gradexp.analysis.compare import summarize
-from gradexp.analysis.groups import ONE_GROUP, group_values, grouping_keys
+from gradexp.analysis.groups import ONE_GROUP, group_values, grouping_keys, spelling
 from gradexp.analysis.metrics import Settings
 from gradexp.analysis.reports import (
     MAX_STABLE_TITLE,
@@ -109,15 +109,17 @@ def choose_baseline(requested: dict[str, str] | None, values: pd.DataFrame,
     if requested is None:
         return {k: v for k, v in DEFAULT_BASELINE.items()
                 if k in keys and (values[k] == v).any()}
+    chosen = {}
     for key, value in requested.items():
         if key not in keys:
             swept = ("no key but the seed varies" if keys == [ONE_GROUP]
                      else "keys: " + ", ".join(keys))
             raise UsageError(f"--baseline {key}={value}: {key} is not a swept key ({swept})")
-        if not (values[key] == value).any():
+        chosen[key] = spelling(value, sorted(values[key].unique()))
+        if chosen[key] is None:
             raise UsageError(f"--baseline {key}={value}: no run has {key}={value} "
                              f"({key} values: {', '.join(sorted(values[key].unique()))})")
-    return requested
+    return chosen
 
 
 def main(argv: list[str] | None = None) -> int:

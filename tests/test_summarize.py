@@ -34,6 +34,10 @@ def test_baseline_option_takes_several_pairs(tmp_path, capsys):
     # the default: each of clip=null and clipping=none whose key is swept and value present
     values = pd.DataFrame({"clip": ["0.1", "1"], "clipping": ["none", "agc"]})
     assert S.choose_baseline(None, values, ["clip", "clipping"]) == {"clipping": "none"}
+    # a value as YAML reads it: Hydra writes a swept `shuffle=false,true` as False and True
+    values = pd.DataFrame({"shuffle": ["False", "True"], "clip": ["0.10", "null"]})
+    assert S.choose_baseline({"shuffle": "false", "clip": "0.1"}, values,
+                             ["shuffle", "clip"]) == {"shuffle": "False", "clip": "0.10"}
     two_sweeps(tmp_path)
     assert S.main([str(tmp_path), "--baseline", "clipping=none,clip=null"]) == 0
     assert "Baseline clipping=none,clip=null: each group" in capsys.readouterr().out

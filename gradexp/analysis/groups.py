@@ -72,17 +72,26 @@ def _from_config(config: dict[str, Any], key: str) -> Any:
     return node.get("name", UNSET) if isinstance(node, dict) else node
 
 
+def _parsed(text: str) -> Any:
+    """An override's value as YAML reads it (`false` and `False` alike; YAML 1.1's "1e-3" a
+    float), else the text."""
+    try:
+        parsed = yaml.load(text, Loader=YAML_LOADER)
+        return float(parsed) if isinstance(parsed, str) else parsed
+    except (yaml.YAMLError, ValueError):
+        return text
+
+
 def _spelled_as(value: Any, written: set[str]) -> Any:
     """`value` as some run wrote it in its overrides (None as `null`), else itself."""
-    for text in written:
-        try:
-            parsed = yaml.load(text, Loader=YAML_LOADER)
-            parsed = float(parsed) if isinstance(parsed, str) else parsed  # YAML 1.1: "1e-3"
-        except (yaml.YAMLError, ValueError):
-            parsed = text
-        if parsed == value:
-            return text
-    return value
+    return next((text for text in written if _parsed(text) == value), value)
+
+
+def spelling(value: str, spelled: list[str]) -> str | None:
+    """The one of `spelled` that means `value` (`--baseline shuffle=false` for runs whose
+    overrides say `False`, as Hydra writes a swept bool), else None."""
+    return value if value in spelled else next(
+        (text for text in spelled if _parsed(text) == _parsed(value)), None)
 
 
 def _as_text(value: Any) -> str:
