@@ -5,7 +5,6 @@
 # seeds train as one batch), validated on 400 sequences split from the training set; then the
 # summary (each model's shuffled data against its regular data, unpaired) and paper_table.py
 # into paper/. The package's test set is not read (README, "The paper's own models").
-# Prepared, not yet run.
 #   bash experiments/mnist1d/paper_run.sh              # two worker processes (WORKERS=2)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"

@@ -8,6 +8,8 @@ with no training.
               from summary.csv)
     timing    one run of the paper-model study at its full length (paper/timing.json, written
               by paper_timing.sh) and the estimate for the whole study
+    paper     the paper's own models beside the paper (paper_table.py's table, from
+              paper/summary.csv) and how many cells are within its margin
 
 tests/test_study_numbers.py checks that the README's blocks are what this writes now.
 """
@@ -18,6 +20,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import paper_table
 import table
 
 HERE = Path(__file__).resolve().parent
@@ -45,8 +48,19 @@ def timing() -> str:
             "that is an expectation, not a measurement.")
 
 
+def paper() -> str:
+    summary = pd.read_csv(HERE / "paper" / "summary.csv",
+                          dtype={paper_table.MODEL: str, paper_table.SHUFFLE: str})
+    summary[paper_table.SHUFFLE] = summary[paper_table.SHUFFLE].str.lower()
+    cells = paper_table.table(summary)
+    within = (cells[f"within {paper_table.MARGIN} points"] == "yes").sum()
+    return (f"{cells.to_markdown(index=False)}\n\n{within} of the {len(cells)} cells are within "
+            f"{paper_table.MARGIN} points of the paper, on validation sequences, not the "
+            "paper's test set (below).")
+
+
 def blocks() -> dict[str, str]:
-    return {"table": presets().to_markdown(index=False), "timing": timing()}
+    return {"table": presets().to_markdown(index=False), "timing": timing(), "paper": paper()}
 
 
 if __name__ == "__main__":
