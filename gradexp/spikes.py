@@ -32,10 +32,6 @@ class SpikeState(NamedTuple):
     mean: tf.Tensor  # [loss, norm]
     var: tf.Tensor
 
-    @classmethod
-    def create(cls) -> SpikeState:
-        return cls(tf.constant(0, tf.int64), tf.zeros([2]), tf.zeros([2]))
-
 
 @dataclass(frozen=True)
 class SpikeDetector:
@@ -47,7 +43,7 @@ class SpikeDetector:
     alpha: float
 
     def init(self) -> SpikeState:
-        return SpikeState.create()
+        return SpikeState(tf.constant(0, tf.int64), tf.zeros([2]), tf.zeros([2]))
 
     def update(self, state: SpikeState, loss, norm) -> tuple[tf.Tensor, SpikeState]:
         x = tf.stack([tf.cast(loss, tf.float32), tf.cast(norm, tf.float32)])
