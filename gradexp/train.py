@@ -1,9 +1,7 @@
 """Train one model with clip layers inserted: `python -m gradexp.train [key=value ...]`.
 
 `-m` makes a sweep (`python -m gradexp.train -m clip=null,0.1 seed=0,1,2`); `--help` lists the
-config groups and keys. The file reads top to bottom: Hydra's task (`run`), the entry point,
-`train_runs` (a recipe for one run or a batch of K: set each run up, the compiled engine of
-gradexp/engine.py, the loop, finish), the loop, then how a run starts and finishes.
+config groups and keys.
 """
 
 from __future__ import annotations
@@ -100,10 +98,10 @@ def record_failure(exc: Exception, job: Job) -> str | None:
     return config.explain(exc)
 
 
-def failed(exc: Exception, job: Job, logger: logging.Logger = log) -> dict:
+def failed(exc: Exception, job: Job) -> dict:
     """A sweep's run that crashed: recorded, said in one line, and the sweep goes on."""
     message = record_failure(exc, job)
-    logger.error("run failed: %s (%s)", message or repr(exc), job.run_dir)
+    log.error("run failed: %s (%s)", message or repr(exc), job.run_dir)
     return {"status": rundir.FAILED}
 
 
@@ -229,8 +227,7 @@ def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
     from gradexp import logs
     from gradexp._tf import tf
 
-    # the trainer's settings as a plain dataclass: a DictConfig's attribute costs ~27 µs, and
-    # the bookkeeping reads seven a call (0.2 ms: 2% of a default 50-step call)
+    # the trainer's settings as a plain dataclass (a DictConfig is slow to read): read every call
     t, K = OmegaConf.to_object(runs[0].cfg.trainer), len(runs)
     done: dict = {}  # what one call's bookkeeping does for all runs at once, done once
 
@@ -249,17 +246,16 @@ def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
         return {f"gradients/{v.path}": g[k] if K > 1 else g
                 for v, g in zip(engine.params, grads, strict=True)}
 
-    def save(k):
-        def checkpoint(step):
-            for_all("sync", lambda: engine.sync(*(j for j, tr in enumerate(trackers)
-                                                  if tr.going() or j == k)))
-            runs[k].runlog.flush()  # the table holds every step the checkpoint has
-            runs[k].state.save(step)
-        return checkpoint
+    def save(k, step):
+        for_all("sync", lambda: engine.sync(*(j for j, tr in enumerate(trackers)
+                                              if tr.going() or j == k)))
+        logs.flush()  # the table holds every step the checkpoint has
+        runs[k].state.save(step)
 
     trackers = [Tracker(t, engine.names, run.step.val_names, run.runlog, run.first,
                         evaluate=lambda k=k: evaluate(k), gradients=lambda k=k: gradients(k),
-                        save=save(k), logger=run.logger) for k, run in enumerate(runs)]
+                        save=lambda step, k=k: save(k, step), logger=run.logger)
+                for k, run in enumerate(runs)]
     for run in runs:
         run.logger.info("%s %s on %s (%d steps, %s%s) -> %s", f"resuming at step {run.first}:"
                         if run.first else "training", run.cfg.model.name, run.cfg.dataset.name,
@@ -295,8 +291,7 @@ def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
                                     f"{sum(tr.going() for tr in trackers)} of {K} runs going",
                                     f"{max(steps) / seconds:.0f} steps/s per run"]))
     engine.sync(*range(K))
-    for run in runs:
-        run.runlog.flush()
+    logs.flush()
     return [tracker.result(stop.signal) for tracker in trackers]
 
 
