@@ -1,7 +1,5 @@
-"""Which devices a run uses. Called before TensorFlow places its first op.
-
-TensorFlow is imported inside the functions: the Hydra callbacks import `check_device`, and a
-bad config must be answered before that slow import.
+"""Which devices a run uses, set before TensorFlow places its first op. TensorFlow is imported
+inside the functions: the Hydra callbacks import `check_device` to answer a bad config first.
 """
 
 from __future__ import annotations

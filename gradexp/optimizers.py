@@ -1,7 +1,6 @@
-"""The optimizer of a run: each factory registered by `@optimizer(name)` under its schema's name
-(gradexp/config/optimizer.py); `make_optimizer`, which adds loss scaling when the precision asks
-for it; and `stateless_update`, Keras's own `stateless_apply` for the TensorFlow backend, by which
-the training step updates a run's state as a value (gradexp/step.py)."""
+"""The optimizer of a run, made by the factory `@optimizer(name)` registers under its schema's
+name (gradexp/config/optimizer.py), and `stateless_update`, by which the training step updates a
+run's state as a value (gradexp/step.py)."""
 
 from __future__ import annotations
 

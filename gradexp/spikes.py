@@ -11,8 +11,8 @@ For each of x ∈ {loss, ‖g‖}, with z_t = `spike_z`, W = `spike_warmup`, α 
              (μ the new mean); a skipped step leaves the statistics alone, so that a spike does
              not raise the bar for the next one
 
-The statistics are a value the step carries, saved in each checkpoint: a resumed run skips the
-steps an uninterrupted one would.
+The step carries the statistics and a checkpoint saves them: a resumed run skips what an
+uninterrupted one would.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Stopping cleanly when asked: SIGINT and SIGTERM set a flag the training loop reads between
-compiled calls: it flushes the logs, checkpoints and marks the run interrupted (a second SIGINT
-stops at once; SIGUSR2, a scheduler's notice, the same before its own handler runs). The process
-then exits with `exit_status(signal)`. The standard library only: launchers import it.
+"""Stopping cleanly when asked (`stop_requests`): the training loop reads the request between
+compiled calls, flushes the logs, checkpoints and marks the run interrupted, and the process
+exits with `exit_status(signal)`. The standard library only: launchers import it.
 """
 
 from __future__ import annotations
