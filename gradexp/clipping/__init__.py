@@ -18,11 +18,9 @@ Non-finite gradients stay visible: when ‖g‖ is inf or NaN (also a norm that 
 while every element is finite), every method returns the gradients unchanged (Keras would make
 them NaN, or clip ±inf to the bound) and the adaptive methods leave their state alone.
 
-Activation clipping (gradexp/layers.py) clips dy where the backward pass crosses a chosen
-position; parameter clipping acts on the parameters' gradients once backprop is over, under a
-distribution strategy on the all-reduced ones (Keras's clipnorm acts on each replica's). Each
-module but common.py is one family, its formulas and references in its docstring, its methods
-registered under their names in conf/clipping/ (every module of the package is imported).
+Under a distribution strategy a method takes the all-reduced gradients (Keras's clipnorm acts
+on each replica's). Each module but common.py is one family, its formulas and references in its
+docstring, its methods registered under their names in conf/clipping/ (each module imported).
 """
 
 from __future__ import annotations

@@ -8,20 +8,12 @@ clip_grads.py, class AdaGC). For every parameter tensor i, with g_i its gradient
     then:            g_i ← g_i · min(1, λ_rel · γ_i / ‖g_i‖)          (γ_i of the step before)
                      γ_i ← β · γ_i + (1 − β) · ‖g_i‖  of the clipped g_i
 
-λ_rel = `clip_ratio`, β = `beta`, T = `warmup_steps`, λ_abs = `warmup_max_norm`. The per-tensor
-rule and the EMA of clipped norms are the paper's abstract's, the README's and the code's; the
-warm-up is the code's (`start_clip_steps`: steps 1…T clipped globally by Megatron's
-`--clip-grad`, λ_abs; γ_i the smallest per-tensor norm after that), the README's "Warm-up with
-GlobalGC"; the defaults are the code's (clip_ratio 1.04, beta 0.99, start_clip_steps 100; its
-GPT-2 script passes --clip-grad 1.0 for a mean loss), the paper's table not at hand
-(pytorch_optimizer's port: λ_rel 1.05, β 0.98, global clipping on steps 1…T−1 only). A tensor
-first seen after the warm-up (its gradient None until then) starts from its own norm, γ_i =
-‖g_i‖, as in the code; it is not clipped that step.
-
-As in the code, norms are L2 norms of whole tensors, and a tensor whose gradient was exactly zero
-during the warm-up keeps γ_i = 0: it is clipped to zero from then on. The code rescales by
-bound / (‖g_i‖ + 1e-6); we rescale to exactly the bound (λ_rel·γ_i, or λ_abs). warmup_max_norm
-null (an extension; Megatron calls AdaGC only with --clip-grad > 0) clips nothing in the warm-up.
+λ_rel = `clip_ratio`, β = `beta`, T = `warmup_steps`, λ_abs = `warmup_max_norm` (null, an
+extension: no clipping in the warm-up). As in the authors' code: the warm-up (`start_clip_steps`,
+Megatron's `--clip-grad` as λ_abs), L2 norms of whole tensors, γ_i = 0 kept by a tensor whose
+gradient was exactly zero in the warm-up (clipped to zero from then on), and a tensor first seen
+after the warm-up (its gradient None until then) starting from its own norm, unclipped that
+step. The code rescales by bound / (‖g_i‖ + 1e-6); we rescale to exactly the bound.
 
 threshold = λ_abs during the warm-up (inf if null), then λ_rel·sqrt(Σ_i γ_i²): the global norm
 of the per-tensor bounds, which the global norm after clipping never exceeds.

@@ -14,11 +14,8 @@ Pre-Training"; github.com/bluorion-com/ZClip, zclip/zclip.py, class ZClip). With
 
 f = `clip_factor` (the reference multiplies the whole of μ + z_t²·σ/z by it, although its
 docstring says the z_t·σ term); c = `max_grad_norm`, a fixed cap on every step, warm-up
-included, where the reference calls torch's clip_grad_norm_; null (gradexp's default) is no cap,
-as in the paper (the reference's default is 1.0). `mode` percentile ignores `clip_option` and
-`clip_factor` (the reference sets clip_option to None), and clip_option mean ignores
-`clip_factor` (the config refuses them there). Not taken from the reference:
-`skip_update_on_spike` (leave μ, σ² alone on a spike).
+included (null: none). The config refuses an option the mode ignores. The reference's
+`skip_update_on_spike` (leave μ, σ² alone on a spike) is not taken.
 
 threshold = μ + z_t·(σ + 1e-6) (percentile: μ + z_t·σ), the norm above which a step is a spike,
 inf during warm-up; with a cap, the smaller of it and c. We rescale to exactly min(g*, c) (the
