@@ -86,9 +86,8 @@ def mnist1d(d: DictConfig) -> Arrays:
 @functools.lru_cache(maxsize=1)
 def mnist1d_generated(seed: int) -> dict:
     """`mnist1d.data.make_dataset` of the package's default arguments with `seed`, cached for
-    the process. It seeds and draws from the global `random` and `np.random` generators: their
-    states are put back, so the runs' own NumPy draws (initialisers seeded from `seed`) stay as
-    they were."""
+    the process; the global `random` and `np.random` states it seeds and draws from are put
+    back, so the runs' own NumPy draws (initialisers seeded from `seed`) stay as they were."""
     from mnist1d.data import get_dataset_args, make_dataset  # never get_dataset: it downloads
 
     args = get_dataset_args()
@@ -260,7 +259,9 @@ def keras_files_in(directory: Path, dataset: str, load_data):
     def get_file(fname=None, origin=None, file_hash=None, cache_subdir="datasets",
                  extract=False, **kwargs):
         where = directory / os.path.relpath(cache_subdir, "datasets")  # fashion-mnist/ stays
-        target = where / keras_download_name(fname, extract)
+        # Keras keeps a download as `fname`, but an archive to extract whose `fname` has no dot
+        # as `<fname>_archive` (cifar10's .tar.gz: cifar-10-batches-py-target_archive)
+        target = where / (f"{fname}_archive" if extract and "." not in fname else fname)
         made = [p for p in (where, *where.parents) if not p.exists()]  # get_file makes them
         if target.exists():  # someone put it here: use it (Keras would delete it on a mismatch)
             file_hash = None
@@ -288,13 +289,6 @@ def keras_files_in(directory: Path, dataset: str, load_data):
     finally:
         module.get_file = keras_get_file
         socket.setdefaulttimeout(timeout)
-
-
-def keras_download_name(fname: str, extract: bool) -> str:
-    """The file name Keras's get_file keeps a download under (keras/src/utils/file_utils.py):
-    `fname` itself, but an archive to extract without a dot in `fname` is `<fname>_archive`
-    (cifar10: cifar-10-batches-py-target_archive, the .tar.gz renamed)."""
-    return f"{fname}_archive" if extract and "." not in fname else fname
 
 
 # --------------------------------------------------------------------------- from outside

@@ -80,11 +80,9 @@ def describe(where: str, strategy_name: str, strategy) -> dict:
                                      or tf.config.list_logical_devices("CPU"))[:1]]
     else:
         replicas = list(strategy.extended.worker_devices)
-    physical = []
-    for device in tf.config.list_physical_devices():
-        details = tf.config.experimental.get_device_details(device) if (
-            device.device_type == "GPU") else {}
-        physical.append({"name": device.name, "type": device.device_type, **details})
+    physical = [{"name": d.name, "type": d.device_type, **(
+        tf.config.experimental.get_device_details(d) if d.device_type == "GPU" else {})}
+        for d in tf.config.list_physical_devices()]
     return {"description": where, "strategy": strategy_name, "replicas": replicas,
             "visible": visible, "physical": physical}
 

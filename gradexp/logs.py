@@ -150,15 +150,6 @@ def keep_rows(path: Path, header: list[str], last_step: int) -> list[list[str]]:
     return kept
 
 
-def purge_event(step: int):
-    """A SessionLog START at step+1: TensorBoard's loader then drops the points of later steps
-    that an earlier writer of this run left (they are written again after a resume)."""
-    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-
-    return Event(step=step + 1, wall_time=time.time(),
-                 session_log=SessionLog(status=SessionLog.START))
-
-
 class EventWriter:
     """One TensorBoard event file, written record by record from Python protos (not through the
     summary APIs, slow for a dozen scalars a step): a step's scalars are one Event whose values
@@ -276,9 +267,10 @@ class RunLog:
                  val_names: tuple[str, ...] = VAL_COLUMNS, telemetry: tuple[str, ...] = ()):
         """A new run (start_step 0), or one resumed after `start_step`: its table keeps the
         rows up to that step and grows from there; TensorBoard is told to drop later points."""
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
         from tensorboard.plugins.hparams import summary_v2 as hp
 
-        self.run_dir, self.names = run_dir, list(names)
+        self.names = list(names)
         self.val_names, self.telemetry = tuple(val_names), tuple(telemetry)
         self.every_step = len(self.names) - len(self.telemetry)  # columns of every step
         assert tuple(self.names[self.every_step:]) == self.telemetry
@@ -289,8 +281,9 @@ class RunLog:
                                     + ["%s"] * (len(self.telemetry) + len(self.val_names))) + "\n"
         self._blank = [""] * (len(self.telemetry) + len(self.val_names))
         self.events = EventWriter(run_dir)
-        if start_step:
-            self.events.write(purge_event(start_step))
+        if start_step:  # a SessionLog START: TensorBoard drops an earlier writer's later points
+            self.events.write(Event(step=start_step + 1, wall_time=time.time(),
+                                    session_log=SessionLog(status=SessionLog.START)))
             return
         self._table_file.write(",".join(header) + "\n")
         self.events.summary(0, hp.hparams_pb(hparams(cfg)))
