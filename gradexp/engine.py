@@ -111,10 +111,6 @@ class Engine:
                 for own, value in zip(own_variables(self.runs[k]), values, strict=True):
                     own.assign(value[k % self.size])
 
-    def _state(self, values) -> State:
-        a, b = self.counts
-        return State(list(values[:a]), list(values[a:b]), list(values[b:]))
-
     # ------------------------------------------------------------------------- training
     def _train_steps(self, first_step, n, active):
         """Up to n steps of the active runs from `first_step`, a call of `part_steps` a part."""
@@ -134,9 +130,8 @@ class Engine:
         return tf.concat(rows, 1)[:, :self.K], tf.concat(done, 0)[:self.K], grads
 
     def _one_step(self, values, grads, x, y, active, measure: bool):
-        """A step of a part's active runs, x[k], y[k] run k's batch: S[k] ← step(S[k], x[k],
-        y[k]); the new state, its rows and (measuring) its gradients, else `grads` as they
-        were."""
+        """S[k] ← step(S[k], x[k], y[k]) for a part's active runs: the new state, its rows and
+        (measuring) its gradients, else `grads` as they were."""
         def step(values, grads, x, y):
             new, row, new_grads = self._run_step(values, x, y, measure)
             return new, row, new_grads if measure else grads
@@ -172,7 +167,8 @@ class Engine:
         """One run's step on its values: (new values, row, gradients). Under a distribution
         strategy the replicas' forward and backward passes on their shares of the batch
         (XLA-compiled; the cross-replica sum cannot be) are summed, the update made once."""
-        state = self._state(values)
+        a, b = self.counts
+        state = State(list(values[:a]), list(values[a:b]), list(values[b:]))
         if self.strategy.num_replicas_in_sync == 1:
             new, row, grads = self.step.train(state, x, y, measure)
         else:
@@ -231,7 +227,7 @@ class Engine:
                             element_shape=[self.size, len(self.names)])))
         return values, rows.stack(), done, grads
 
-    # --------------------------------------------------------------- evaluation, histograms
+    # ------------------------------------------------------------------------- evaluation
     def _evaluate(self, x_val, y_val):
         """Every run's evaluation, a loop over each part's slots in one program."""
         names, models = self.step.val_names, self.counts[0]

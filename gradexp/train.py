@@ -167,10 +167,8 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
 def train_runs(jobs: list[Job], resume: bool = False,
                loggers: list[logging.Logger] | None = None) -> list[dict]:
     """Train `jobs`, runs of one structure (gradexp/grouping.py) starting at the same step, as
-    one: K = 1 a run alone, K > 1 a batch; return their summaries. A recipe: the first run set
-    up and the engine traced on it (XLA compiles it in a thread, meanwhile), the other runs set
-    up, their values loaded, the loop, each run finished. `loggers`: each run's (default: this
-    module's, Hydra's job logging)."""
+    one (K = 1 a run alone, K > 1 a batch); return their summaries. A batch's program compiles
+    in a thread while its other runs are set up. `loggers`: each run's (default: `log`)."""
     from gradexp.engine import Engine
 
     loggers = loggers or [log] * len(jobs)
@@ -188,9 +186,8 @@ def train_runs(jobs: list[Job], resume: bool = False,
 
 def train_batch(jobs: list[Job]) -> list[dict]:
     """hydra/launcher=gradexp's task, in its worker process: runs of one structure trained as
-    one batch (the launcher has sent the runs that cannot share a program one by one), each
-    logging to its own file, as a job would. A run alone that crashes is recorded and the sweep
-    goes on; a batch that crashes raises (the launcher then trains its runs one by one)."""
+    one batch, each logging to its own file as a job would. A run alone that crashes is recorded
+    and the sweep goes on; a batch that crashes raises (the launcher then trains them singly)."""
     loggers = [run_logger(job) for job in jobs]
     try:
         return train_runs(jobs, loggers=loggers)
@@ -220,10 +217,9 @@ def run_logger(job: Job) -> logging.Logger:
 
 
 def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
-    """Train the runs from their step to `trainer.steps` in calls of up to `trainer.log_every`
-    steps, each followed by each run's bookkeeping (gradexp/tracking.py). A run stops at its
-    divergence (on_divergence=stop); all stop at SIGINT/SIGTERM, after the call under way.
-    `ready`: done when the engine's programs are (a batch compiles them ahead)."""
+    """Train the runs to `trainer.steps` in calls of up to `trainer.log_every` steps, then each
+    run's bookkeeping (gradexp/tracking.py); a run stops at its divergence (on_divergence=stop),
+    all at SIGINT/SIGTERM after the call under way. `ready`: a batch's programs compiled ahead."""
     from gradexp import logs
     from gradexp._tf import tf
 
