@@ -1,16 +1,10 @@
 """Datasets (arrays in memory) and the training batches drawn from them.
 
 Each loader, registered by `@loader(name)` under its schema's name (gradexp/config/dataset.py),
-returns (x, y, num_classes), which `load` splits; num_classes None means regression (y is a
-float per example, the model has one output). A dataset that comes with its own split
-(`mnist1d`) returns `Arrays` instead, which `load` keeps as they are. `synthetic`, `adding`
-and `teacher` are generated from `dataset.seed`, `mnist1d` by the mnist1d package,
-`digits` ships inside the scikit-learn wheel, and `mnist`, `fashion_mnist`,
-`cifar10` are keras.datasets files, read from `dataset.cache_dir` (downloaded there when
-missing, if the network allows); `arrays` (a user's loader) and `tfds` (a prepared TensorFlow
-Datasets dataset) come with their own split, read and checked by gradexp/external_data.py. The
-split into training and validation depends on
-`dataset.seed` only, so runs that differ in `seed` see the same data in a different order.
+returns (x, y, num_classes), which `load` splits by `dataset.seed` alone (runs that differ in
+`seed` see the same data in another order); num_classes None means regression (y a float per
+example, the model has one output). A dataset with its own split (`mnist1d`, and `arrays` and
+`tfds`, read and checked by gradexp/external_data.py) returns `Arrays`, kept as they are.
 """
 
 from __future__ import annotations
@@ -91,10 +85,9 @@ def mnist1d(d: DictConfig) -> Arrays:
 
 @functools.lru_cache(maxsize=1)
 def mnist1d_generated(seed: int) -> dict:
-    """`mnist1d.data.make_dataset` of the package's default arguments with `seed` (~3 s, plus
-    ~2 s to import the package, which imports matplotlib; cached for the process). It seeds
-    and draws from the global `random` and `np.random` generators: their states are put back,
-    so the runs' own NumPy draws (initialisers seeded from `seed`) stay as they were."""
+    """`mnist1d.data.make_dataset` of the package's default arguments with `seed`, cached for
+    the process; the global `random` and `np.random` states it seeds and draws from are put
+    back, so the runs' own NumPy draws (initialisers seeded from `seed`) stay as they were."""
     from mnist1d.data import get_dataset_args, make_dataset  # never get_dataset: it downloads
 
     args = get_dataset_args()
@@ -177,9 +170,7 @@ def teacher_sampler(d: DictConfig) -> Sampler:
     function that a deep student needs many layers to fit. The targets have unit variance, so
     the score to beat is MSE ≈ 1 + noise². Gradients explode in the student, not here: the
     squared error's dy = 2(ŷ − y) is unbounded (unlike cross-entropy's), and a deep student with
-    large initial weights amplifies it layer by layer. Measured (seeds 0 and 1, 300 steps):
-    model.depth=16 model.width=64 model.activation=tanh model.initializer=he_normal diverges
-    by step 20 unclipped and reaches validation MSE ≈ 0.5 with clip=0.1.
+    large initial weights amplifies it layer by layer.
     """
     rng = np.random.default_rng(d.seed)
     x_fixed = rng.normal(0.0, 1.0, (d.num_examples, d.num_features))  # drawn before the weights
@@ -258,24 +249,21 @@ def cache_dir(d: DictConfig) -> Path:
 
 @contextlib.contextmanager
 def keras_files_in(directory: Path, dataset: str, load_data):
-    """Run a keras.datasets loader with its files looked up in (or downloaded to) `directory`.
-
-    Keras's loaders take no directory: each calls `get_file`, which reads Keras's home from
-    KERAS_HOME once, when Keras is imported. So for the length of the call, the loader's module
-    gets a `get_file` that puts `directory` where Keras would put `~/.keras/datasets`; the
-    loader's own code still finds, downloads, extracts and parses the files.
-    """
+    """Run a keras.datasets loader with its files looked up in (or downloaded to) `directory`:
+    its module's `get_file` (which reads KERAS_HOME once, when Keras is imported) puts
+    `directory` where Keras would put `~/.keras/datasets`; the loader's own code still finds,
+    downloads, extracts and parses the files."""
     module = sys.modules[load_data.__module__]
     keras_get_file = module.get_file
 
     def get_file(fname=None, origin=None, file_hash=None, cache_subdir="datasets",
                  extract=False, **kwargs):
         where = directory / os.path.relpath(cache_subdir, "datasets")  # fashion-mnist/ stays
-        target = where / keras_download_name(fname, extract)
+        # Keras keeps a download as `fname`, but an archive to extract whose `fname` has no dot
+        # as `<fname>_archive` (cifar10's .tar.gz: cifar-10-batches-py-target_archive)
+        target = where / (f"{fname}_archive" if extract and "." not in fname else fname)
         made = [p for p in (where, *where.parents) if not p.exists()]  # get_file makes them
-        if target.exists():
-            # Someone put this file here: use it. On a hash mismatch Keras would delete it and
-            # download again, and here that fails.
+        if target.exists():  # someone put it here: use it (Keras would delete it on a mismatch)
             file_hash = None
         try:
             return keras_get_file(fname, origin=origin, file_hash=file_hash,
@@ -301,13 +289,6 @@ def keras_files_in(directory: Path, dataset: str, load_data):
     finally:
         module.get_file = keras_get_file
         socket.setdefaulttimeout(timeout)
-
-
-def keras_download_name(fname: str, extract: bool) -> str:
-    """The file name Keras's get_file keeps a download under (keras/src/utils/file_utils.py):
-    `fname` itself, but an archive to extract without a dot in `fname` is `<fname>_archive`
-    (cifar10: cifar-10-batches-py-target_archive, the .tar.gz renamed)."""
-    return f"{fname}_archive" if extract and "." not in fname else fname
 
 
 # --------------------------------------------------------------------------- from outside
@@ -339,10 +320,9 @@ def choice(d: DictConfig) -> str:
 
 def load(d: DictConfig) -> Arrays:
     """The dataset of `cfg.dataset`, split into training and validation by `d.seed` (unless its
-    loader returns its own split, as `Arrays`); with
-    `d.stream`, all of it held out and the training examples drawn fresh at every step from
-    numpy's generator seeded by (run seed, dataset seed, step): a function of those alone, so a
-    resumed run draws exactly the examples an uninterrupted one would."""
+    loader returns its own split, as `Arrays`); with `d.stream`, all of it held out and the
+    training examples drawn fresh at every step from numpy's generator seeded by (run seed,
+    dataset seed, step), so a resumed run draws exactly the examples an uninterrupted one would."""
     if d.get("stream"):
         sample, (x, y) = SAMPLERS[d.name](d)
 
@@ -387,7 +367,9 @@ def examples(a: Arrays, seeds, batch_size: int, first_step, steps: int):
     y_source, indices [K, steps, B]): run k's batch of step first_step + 1 + i is
     x_source[indices[k, i]]. A stream's batch of step t + 1 is `a.stream(seed, t, B)`."""
     if a.stream is None:
-        check_batch_size(a, batch_size)
+        if batch_size > len(a.x_train):
+            raise ConfigError(f"trainer.batch_size={batch_size}: larger than the "
+                              f"{len(a.x_train)} training examples")
         indices = tf.map_fn(
             lambda seed: batch_indices(seed, len(a.x_train), batch_size, first_step, steps),
             seeds, fn_output_signature=tf.TensorSpec([steps, batch_size], tf.int32))
@@ -423,16 +405,7 @@ def training_batches(a: Arrays, batch_size: int, seed: int,
     return tf.data.Dataset.range(start_step, 2**62, steps).flat_map(block).prefetch(2)
 
 
-def check_batch_size(a: Arrays, batch_size: int) -> None:
-    if batch_size > len(a.x_train):
-        raise ConfigError(f"trainer.batch_size={batch_size}: larger than the "
-                          f"{len(a.x_train)} training examples")
-
-
-# Validation examples per forward pass of an evaluation. The held-out examples are tensors, not a
-# dataset: iterating a dataset inside the compiled evaluation cost ~50 ms a call (an iterator made
-# and deleted), against ~2 ms for the default MLP's forward pass over its 819 examples.
-VAL_BATCH = 1024
+VAL_BATCH = 1024  # validation examples per forward pass of an evaluation (step.py `evaluate`)
 
 
 def validation_set(a: Arrays) -> tuple[tf.Tensor, tf.Tensor]:

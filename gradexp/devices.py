@@ -1,7 +1,5 @@
-"""Which devices a run uses. Called before TensorFlow places its first op.
-
-TensorFlow is imported inside the functions: the Hydra callbacks import `check_device`, and a
-bad config must be answered before that slow import.
+"""Which devices a run uses, set before TensorFlow places its first op. TensorFlow is imported
+inside the functions: the Hydra callbacks import `check_device` to answer a bad config first.
 """
 
 from __future__ import annotations
@@ -12,30 +10,23 @@ from gradexp.config.base import ConfigError
 def check_device(device: str) -> None:
     """device=gpu needs a GPU; only this check loads TensorFlow, and only when it is asked."""
     if device == "gpu":
-        require_gpu()
+        from gradexp._tf import tf
 
-
-def require_gpu() -> None:
-    from gradexp._tf import tf
-
-    if not tf.config.list_physical_devices("GPU"):
-        raise ConfigError("device=gpu: no GPU is visible to TensorFlow; use device=auto or cpu")
+        if not tf.config.list_physical_devices("GPU"):
+            raise ConfigError("device=gpu: no GPU is visible to TensorFlow; use device=auto or cpu")
 
 
 def configure(device: str) -> str:
-    """Apply `device` (auto | cpu | gpu) and return a short description of what runs.
-
-    cpu hides every GPU; gpu requires one; auto uses GPUs when present. GPU memory grows on
-    demand rather than being reserved whole, so the runs of a sweep can share a card.
-    """
+    """Apply `device` (auto | cpu | gpu: cpu hides every GPU, gpu requires one, auto uses any)
+    and return a short description of what runs. GPU memory grows on demand rather than being
+    reserved whole, so the runs of a sweep can share a card."""
     from gradexp._tf import tf
 
     gpus = tf.config.list_physical_devices("GPU")
     if device == "cpu":
         tf.config.set_visible_devices([], "GPU")
         return "cpu"
-    if device == "gpu":
-        require_gpu()
+    check_device(device)
     for gpu in gpus:
         try:
             tf.config.experimental.set_memory_growth(gpu, True)
@@ -57,10 +48,8 @@ def _where(gpus: list) -> str:
 
 
 def precision(policy: str) -> None:
-    """Set Keras's global dtype policy for the run (float32, mixed_float16, mixed_bfloat16).
-
-    Set every run, float32 included: a reused worker process keeps the last run's policy.
-    """
+    """Set Keras's global dtype policy (float32, mixed_float16, mixed_bfloat16), float32 too: a
+    reused worker process keeps the last run's."""
     from gradexp._tf import keras
 
     keras.mixed_precision.set_dtype_policy(policy)
@@ -91,11 +80,9 @@ def describe(where: str, strategy_name: str, strategy) -> dict:
                                      or tf.config.list_logical_devices("CPU"))[:1]]
     else:
         replicas = list(strategy.extended.worker_devices)
-    physical = []
-    for device in tf.config.list_physical_devices():
-        details = tf.config.experimental.get_device_details(device) if (
-            device.device_type == "GPU") else {}
-        physical.append({"name": device.name, "type": device.device_type, **details})
+    physical = [{"name": d.name, "type": d.device_type, **(
+        tf.config.experimental.get_device_details(d) if d.device_type == "GPU" else {})}
+        for d in tf.config.list_physical_devices()]
     return {"description": where, "strategy": strategy_name, "replicas": replicas,
             "visible": visible, "physical": physical}
 
@@ -118,7 +105,7 @@ def prepare_process(device: str, policy: str, seed: int, deterministic: bool,
 
     set_op_determinism(deterministic)  # off too: a process's earlier run may have set it
     where = configure(device)
-    keras.backend.clear_session(free_memory=free_memory)  # False: no gc.collect (0.1-0.3 s)
+    keras.backend.clear_session(free_memory=free_memory)  # False: no gc.collect
     keras.utils.set_random_seed(seed)
     precision(policy)
     return where

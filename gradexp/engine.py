@@ -3,15 +3,13 @@ that differ only in seed, clip bounds and learning rate K > 1 (`hydra/launcher=g
 
 A run's state is a value (gradexp/step.py `State`): alone, it lives in the run's own variables;
 in a batch each variable i is stacked along a new first axis, S_i = stack_k(v_i of run k), and
-the step runs for each k in turn inside the program (tf.map_fn: a loop in the program, not K
-dispatches): S[k] ← step(S[k], x_k, y_k), x_k, y_k run k's own batch. A stopped run (it
-diverged) is no longer computed. On a CPU the runs are split into one part per core, each part
-a call of the one program, the parts of a call run at once.
+the program steps each run in turn (tf.map_fn: a loop in the program, not K dispatches),
+S[k] ← step(S[k], x_k, y_k) on run k's own batch; a run that diverged is no longer computed.
+On a CPU the runs are split into one part per core, the parts of a call run at once.
 
-One call (`train_steps`) trains up to `trainer.log_every` steps, an XLA while loop under
-trainer.jit_compile, each run gathering its batches by its indices (gradexp/data.py `examples`);
-its last step also measures the telemetry. Each run computes with its own run's shapes and
-operations: a batch's numbers are its runs' alone, bit for bit (tests/test_batched.py).
+One call (`train_steps`) trains up to `trainer.log_every` steps in a while loop (XLA under
+trainer.jit_compile), its last step measuring the telemetry. Each run computes with its own
+shapes and operations: a batch's numbers are its runs' alone, bit for bit.
 """
 
 from __future__ import annotations
@@ -54,13 +52,14 @@ class Engine:
         self.stacked = K > 1
         self.size = -(-K // parts_for(K, run.where)) if self.stacked else 1  # runs per part
         parts = -(-K // self.size)  # no part of padding only (33 runs, 32 cores: 17 of 2)
+        self.slots = parts * self.size
         self.runs: list = [run]
         template = own_variables(run)
         self.parts = ([[tf.Variable(tf.stack([value] * self.size), trainable=False,
                                     name=f"stacked_{p}_{i}")
                         for i, value in enumerate(read(template))] for p in range(parts)]
                       if self.stacked else [template])
-        self.seeds = tf.Variable([run.cfg.seed] * (parts * self.size), dtype=tf.int64,
+        self.seeds = tf.Variable([run.cfg.seed] * self.slots, dtype=tf.int64,
                                  trainable=False, name="seeds")
         self.params = step.model.trainable_variables
         distributed = self.strategy.num_replicas_in_sync > 1
@@ -79,23 +78,24 @@ class Engine:
         """Call a part's program for no step in a thread, so that XLA compiles it (C++, without
         the GIL) while this thread sets up the other runs; pure, it writes nothing. Called from
         a function, as `train_steps` calls it (called eagerly it is another program)."""
-        slots = len(self.parts) * self.size
-        x, y, indices = data.examples(self.arrays, tf.zeros([slots], tf.int64), self.batch_size,
-                                      tf.constant(0, tf.int64), self.n_max)
+        x, y, indices = data.examples(self.arrays, tf.zeros([self.slots], tf.int64),
+                                      self.batch_size, tf.constant(0, tf.int64), self.n_max)
         args = (read(self.parts[0]), x, y, indices[:self.size],
                 tf.constant(0), tf.ones([self.size], tf.bool))
         in_a_function = tf.function(lambda *args: self.part_steps(*args), autograph=False)
-        return in_a_thread(in_a_function.get_concrete_function(*args), *args)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="gradexp-compile")
+        done = pool.submit(in_a_function.get_concrete_function(*args), *args)
+        pool.shutdown(wait=False)  # the thread ends with the call
+        return done
 
     # ------------------------------------------------------------------------------ state
     def load(self, runs: list) -> None:
         """The runs' state from their own variables (run k in slot k, padding: the last's)."""
         self.runs = list(runs)
-        slots = len(self.parts) * self.size
-        self.seeds.assign([runs[min(k, self.K - 1)].cfg.seed for k in range(slots)])
+        self.seeds.assign([runs[min(k, self.K - 1)].cfg.seed for k in range(self.slots)])
         if not self.stacked:
             return
-        own = [own_variables(runs[min(k, self.K - 1)]) for k in range(slots)]
+        own = [own_variables(runs[min(k, self.K - 1)]) for k in range(self.slots)]
         for p, part in enumerate(self.parts):
             for i, stacked in enumerate(part):
                 stacked.assign(tf.stack([tf.convert_to_tensor(vs[i]) for vs in own[p * self.size:
@@ -111,35 +111,27 @@ class Engine:
                 for own, value in zip(own_variables(self.runs[k]), values, strict=True):
                     own.assign(value[k % self.size])
 
-    def _state(self, values) -> State:
-        a, b = self.counts
-        return State(list(values[:a]), list(values[a:b]), list(values[b:]))
-
     # ------------------------------------------------------------------------- training
     def _train_steps(self, first_step, n, active):
         """Up to n steps of the active runs from `first_step`, a call of `part_steps` a part."""
-        slots = len(self.parts) * self.size
-        active = tf.concat([active, tf.zeros([slots - self.K], tf.bool)], 0)  # padding: idle
+        active = tf.concat([active, tf.zeros([self.slots - self.K], tf.bool)], 0)  # padding: idle
         x, y, indices = data.examples(self.arrays, self.seeds, self.batch_size, first_step,
                                       self.n_max)
-        rows, done, grads = [], [], []
+        results = []
         for p, part in enumerate(self.parts):
             at = slice(p * self.size, (p + 1) * self.size)
-            new, r, d, g = self.part_steps(read(part), x, y, indices[at], n, active[at])
+            new, *result = self.part_steps(read(part), x, y, indices[at], n, active[at])
             for v, value in zip(part, new, strict=True):
                 v.assign(value)
-            rows.append(r)
-            done.append(d)
-            grads.append(g)
-        if self.stacked:
-            grads = [tf.concat(g, 0)[:self.K] for g in zip(*grads, strict=True)]
-        return tf.concat(rows, 1)[:, :self.K], tf.concat(done, 0)[:self.K], grads[0] if (
-            not self.stacked) else grads
+            results.append(result)
+        rows, done, grads = zip(*results, strict=True)
+        grads = ([tf.concat(g, 0)[:self.K] for g in zip(*grads, strict=True)] if self.stacked
+                 else grads[0])
+        return tf.concat(rows, 1)[:, :self.K], tf.concat(done, 0)[:self.K], grads
 
     def _one_step(self, values, grads, x, y, active, measure: bool):
-        """A step of a part's active runs, x[k], y[k] run k's batch: S[k] ← step(S[k], x[k],
-        y[k]); the new state, its rows and (measuring) its gradients, else `grads` as they
-        were."""
+        """S[k] ← step(S[k], x[k], y[k]) for a part's active runs: the new state, its rows and
+        (measuring) its gradients, else `grads` as they were."""
         def step(values, grads, x, y):
             new, row, new_grads = self._run_step(values, x, y, measure)
             return new, row, new_grads if measure else grads
@@ -152,9 +144,9 @@ class Engine:
                      for k in range(self.size)]
 
             def stacked(j, old):  # part j of every slot's result, a stopped run's as it was
-                return [tf.where(bcast(active, new), new, o) for new, o in
-                        zip((tf.stack(t) for t in zip(*(r[j] for r in slots), strict=True)),
-                            old, strict=True)]
+                new = [tf.stack(t) for t in zip(*(r[j] for r in slots), strict=True)]
+                return [tf.where(tf.reshape(active, [-1] + [1] * (n.shape.rank - 1)), n, o)
+                        for n, o in zip(new, old, strict=True)]
 
             rows = tf.stack([r[1] for r in slots])
             return (stacked(0, values), tf.where(active[:, None], rows, float("nan")),
@@ -175,7 +167,8 @@ class Engine:
         """One run's step on its values: (new values, row, gradients). Under a distribution
         strategy the replicas' forward and backward passes on their shares of the batch
         (XLA-compiled; the cross-replica sum cannot be) are summed, the update made once."""
-        state = self._state(values)
+        a, b = self.counts
+        state = State(list(values[:a]), list(values[a:b]), list(values[b:]))
         if self.strategy.num_replicas_in_sync == 1:
             new, row, grads = self.step.train(state, x, y, measure)
         else:
@@ -234,7 +227,7 @@ class Engine:
                             element_shape=[self.size, len(self.names)])))
         return values, rows.stack(), done, grads
 
-    # --------------------------------------------------------------- evaluation, histograms
+    # ------------------------------------------------------------------------- evaluation
     def _evaluate(self, x_val, y_val):
         """Every run's evaluation, a loop over each part's slots in one program."""
         names, models = self.step.val_names, self.counts[0]
@@ -251,16 +244,10 @@ class Engine:
                 for i, name in enumerate(names)}
 
 
-def bcast(active, like):
-    """active [K] shaped to broadcast against a stacked tensor `like` [K, ...]."""
-    return tf.reshape(active, [-1] + [1] * (like.shape.rank - 1))
-
-
 def has_convolutions(model) -> bool:
     """Whether the model (or one inside it) has a convolution layer. XLA on a CPU rewrites a
-    convolution into the form Eigen computes only outside a while loop (a 3×3 convolution's
-    step: 40 ms inside one, 0.6 ms outside, TensorFlow 2.21), so such a model's step is compiled
-    alone in TensorFlow's loop, and a batch's runs are written out in it, not looped over."""
+    convolution into the form Eigen computes fast only outside a while loop, so such a model's
+    step is compiled alone in TensorFlow's loop, and a batch's runs are written out in it."""
     convolutions = tuple(getattr(keras.layers, name) for name in dir(keras.layers)
                          if "Conv" in name)
     return any(isinstance(layer, convolutions) or (layer is not model and has_convolutions(
@@ -271,9 +258,3 @@ def read(variables: list) -> list:
     """The values of Keras's and TensorFlow's variables alike."""
     return [tf.convert_to_tensor(v) for v in variables]
 
-
-def in_a_thread(call, *args) -> Future:
-    pool = ThreadPoolExecutor(1, thread_name_prefix="gradexp-compile")
-    done = pool.submit(call, *args)
-    pool.shutdown(wait=False)  # the thread ends with the call
-    return done

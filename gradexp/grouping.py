@@ -1,10 +1,6 @@
 """Which of a sweep's runs can share one compiled step (gradexp/engine.py), decided from their
 configs alone, without TensorFlow: `hydra/launcher=gradexp` groups a sweep's jobs in the process
 that composes them, before any of them trains.
-
-    group_key(cfg)     equal for runs whose configs differ only in DATA_KEYS
-    why_separate(cfg)  why runs of cfg cannot be batched (None: they can)
-    Job                one run of a batch: config, directory, overrides, log file name
 """
 
 from __future__ import annotations
@@ -38,9 +34,8 @@ def why_separate(cfg: DictConfig) -> str | None:
     return None
 
 
-# Keys whose values are data of the compiled step, not program: the seed (initial weights,
-# data order), the clip layers' bounds (a weight of each layer: gradexp/layers.py) and the
-# learning rate (a variable of the optimizer). Runs that differ only in these share one step.
+# Keys whose values are data of the compiled step, not program: the seed (initial weights, data
+# order), the clip layers' bounds (a weight of each layer) and the learning rate (a variable).
 DATA_KEYS = ("seed", "clip", "layer.clip_min", "layer.clip_max", "optimizer.learning_rate")
 
 

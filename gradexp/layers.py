@@ -11,13 +11,13 @@ y = [3.0], dx = [0.1]). A bound of None means no bound on that side; `grad_scale
 gradient reversal layer. Non-finite elements of g pass unclipped (and a norm that is not finite
 rescales nothing), so an overflow stays visible and a loss-scale optimizer can skip the step.
 
-Mixed precision: with a loss scale S the dy arriving here is S times the true one. Given S, the
-backward pass works in float32 on g / S, clips in true units, and hands back S · dx in dy's
-dtype, so a bound means the same in float16 or bfloat16 as in float32.
+Mixed precision: given the loss scale S (dy is S times the true one), the backward pass works
+in float32 on g / S, clips in true units and hands back S · dx in dy's dtype, so a bound means
+the same in float16 or bfloat16 as in float32.
 
-The layer also reports what its backward pass did, without side effects: it owns a zero vector
-`gradient_stats` (a non-trainable weight) that it passes through the custom gradient as a
-second input, and the "gradient" it returns for that input is, in true units,
+The layer also reports what its backward pass did, without side effects: its zero vector
+`gradient_stats` (a non-trainable weight) passes through the custom gradient as a second input,
+and the "gradient" it returns for that input is, in true units,
 
     [Σ g², Σ dx², number of elements changed, number of elements]
 
@@ -31,18 +31,15 @@ from gradexp._tf import keras, tf
 from gradexp.config import NORM_AXES
 
 STATS = ("sum_sq_pre", "sum_sq_post", "clipped", "count")
-
-
 MATVEC_SUM_FROM = 2**16  # elements: see `total`
 
 
 def total(x, small_in=None) -> tf.Tensor:
-    """Σ x over every element. From MATVEC_SUM_FROM elements, summed as a matrix-vector product
-    with ones (each row's sum), then over the rows: XLA hands the product to Eigen, on every
-    core, where its own reduction is one loop on one (3x the time on 2 CPU cores for a
-    512 x 1024 dy, and the statistics run every step). Below it XLA's reduction, fused into
-    the backward pass, is the faster; `small_in` (e.g. tf.float64) accumulates it in another
-    dtype, so that the order of the sum, which follows the tensor's layout, cannot show."""
+    """Σ x over every element. From MATVEC_SUM_FROM elements, a matrix-vector product with ones
+    (each row's sum), then a sum over the rows: XLA hands the product to Eigen, on every core,
+    where its own reduction is one loop on one. Below it XLA's reduction, fused into the backward
+    pass, is the faster; `small_in` (e.g. tf.float64) accumulates it in another dtype, so that
+    the order of the sum, which follows the tensor's layout, cannot show."""
     if not x.shape.is_fully_defined() or x.shape.num_elements() < MATVEC_SUM_FROM:
         return tf.cast(tf.reduce_sum(tf.cast(x, small_in or x.dtype)), x.dtype)
     rows = tf.reshape(x, [-1, x.shape[-1]])
@@ -50,12 +47,10 @@ def total(x, small_in=None) -> tf.Tensor:
 
 
 def _backward(dy, clip_min, clip_max, max_norm, grad_scale, loss_scale, per_example):
-    """dx and the statistics vector for upstream gradient dy (see the module docstring).
-
-    Bounds are Python numbers or None, where what is not asked for costs no op (the
-    unclipped baseline's backward pass is one multiply at most, and its statistics one sum of
-    squares), or float32 scalar tensors (the layer's: ±inf for no bound).
-    """
+    """dx and the statistics vector for upstream gradient dy (the module docstring). Bounds are
+    Python numbers or None, where what is not asked for costs no op (the unclipped baseline's
+    backward pass is one multiply at most, its statistics one sum of squares), or float32 scalar
+    tensors (the layer's: ±inf for no bound)."""
     g = tf.cast(dy, tf.float32)
     if grad_scale != 1.0:
         g = g * grad_scale
@@ -95,15 +90,13 @@ def _backward(dy, clip_min, clip_max, max_norm, grad_scale, loss_scale, per_exam
 
 def clip_gradient(x, clip_min=None, clip_max=None, scale=1.0, grad_scale=1.0, *,
                   max_norm=None, norm_axis="batch", loss_scale=None, stats=None, bounds=None):
-    """y = scale·x forward; dx = clip_by_value(grad_scale·dy, clip_min, clip_max) backward.
-
-    max_norm / norm_axis add a norm bound on dx; loss_scale (a float32 scalar tensor or
-    variable) is the mixed-precision loss scale dy carries; `stats` (a float32 vector of 4
-    zeros the caller watches) receives the backward pass's statistics as its gradient.
-    `bounds`, a float32 tensor [low, high] (±inf: no bound), takes the place of clip_min and
-    clip_max: bounds that are data, not program, so that runs differing only in them share
-    one compiled step (gradexp/engine.py). Clipping to ±inf leaves dy as it is, bit for bit.
-    """
+    """y = scale·x forward; dx = clip_by_value(grad_scale·dy, clip_min, clip_max) backward, with
+    max_norm / norm_axis a norm bound on dx; loss_scale (a float32 scalar tensor or variable) is
+    the mixed-precision loss scale dy carries; `stats` (a float32 vector of 4 zeros the caller
+    watches) receives the backward pass's statistics as its gradient. `bounds`, a float32 tensor
+    [low, high] (±inf: no bound), takes the place of clip_min and clip_max: data, not program,
+    so that runs differing only in them share one compiled step (gradexp/engine.py). Clipping to
+    ±inf leaves dy as it is, bit for bit."""
     if norm_axis not in NORM_AXES:
         raise ValueError(f"norm_axis={norm_axis}: must be one of {', '.join(NORM_AXES)}")
     x = tf.convert_to_tensor(x)
@@ -132,10 +125,8 @@ def clip_gradient(x, clip_min=None, clip_max=None, scale=1.0, grad_scale=1.0, *,
 @keras.saving.register_keras_serializable(package="gradexp")
 class ClipGradient(keras.layers.Layer):
     """Keras layer form of `clip_gradient`; its `gradient_stats` weight carries the statistics.
-
-    `follow_loss_scale(variable)` tells the layer where the mixed-precision loss scale lives
-    (e.g. a LossScaleOptimizer's `dynamic_scale`); it is not part of the layer's config.
-    """
+    `follow_loss_scale(variable)` (not part of its config) tells it where the mixed-precision
+    loss scale lives (e.g. a LossScaleOptimizer's `dynamic_scale`)."""
 
     # Keras reads this signature when it makes the layer: mutation testing leaves it whole
     # (mutmut's wrapper would hide it; tests/mutation.py)

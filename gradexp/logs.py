@@ -1,14 +1,11 @@
-"""Everything a run writes into its directory, in one place.
+"""A run's measurements in its directory:
 
 - TensorBoard event files: every step's measurements under grouped tags (`loss/train`,
   `grad_norm/global`, `grad_norm/<position>/pre` and `/post`, `clip_fraction/<position>`,
   `learning_rate`), validation metrics, gradient histograms, and the run's HParams (the flattened
   config) with its final metrics (`final/...`).
-- `metrics.csv`: one row per step, the same names as columns (validation columns are filled at
-  the steps where the model was evaluated, the per-layer telemetry's at the steps that measured
-  it). pandas reads it directly.
-- `summary.json`: status (running, completed, diverged, failed), final figures, wall time and the
-  resolved config. Written atomically; it says `running` until the run ends.
+- `metrics.csv`: one row per step, the same names as columns (validation columns filled at the
+  steps where the model was evaluated, the per-layer telemetry's at the steps that measured it).
 """
 
 from __future__ import annotations
@@ -34,33 +31,28 @@ SCALAR = scalar_metadata.create_summary_metadata(display_name=None, description=
 
 
 def hparams(cfg: DictConfig) -> dict[str, bool | int | float | str]:
-    """The config flattened to `a.b.c: value` for TensorBoard's HParams view.
-
-    Keys that may be null are always strings (null is "null"), so that one column never mixes
-    numbers and strings: TensorBoard hides runs in such a column (tensorboard#2942). "May be
-    null" under any choice of the key's config group, not only the run's: clipping.max_norm is
-    "20.0" under norm too, because global_norm lets it be null; the other keys keep their type.
-    """
+    """The config flattened to `a.b.c: value` for TensorBoard's HParams view. Keys that may be
+    null under any choice of their config group (clipping.max_norm is "20.0" under norm too,
+    because global_norm lets it be null) are always strings, null "null": TensorBoard hides the
+    runs of a column that mixes numbers and strings (tensorboard#2942)."""
     flat: dict[str, Any] = {}
     nullable = _nullable_under_some_choice()
-
-    def visit(node: DictConfig, prefix: str) -> None:
-        for key in node:
-            child = node._get_node(key)
-            if isinstance(child, DictConfig):
-                visit(child, f"{prefix}{key}.")
-                continue
-            if isinstance(child, ListConfig):
-                value = OmegaConf.to_container(child)
-            else:
-                value = child._value()
-            if (child._is_optional() or f"{prefix}{key}" in nullable or value is None
-                    or isinstance(value, list)):
-                value = "null" if value is None else str(value)
-            flat[f"{prefix}{key}"] = value
-
-    visit(cfg, "")
+    for key, child in leaves(cfg):
+        value = OmegaConf.to_container(child) if isinstance(child, ListConfig) else child._value()
+        if child._is_optional() or key in nullable or value is None or isinstance(value, list):
+            value = "null" if value is None else str(value)
+        flat[key] = value
     return flat
+
+
+def leaves(node: DictConfig, prefix: str = ""):
+    """(`a.b.c`, its node) for every value under `node` (a list is one value)."""
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            yield from leaves(child, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", child
 
 
 @cache
@@ -69,18 +61,10 @@ def _nullable_under_some_choice() -> frozenset[str]:
     (clipping.max_norm: global_norm's; dataset.num_examples: mnist's)."""
     from gradexp.config.hydra_glue import GROUPS
 
-    def optional(node: DictConfig, prefix: str) -> set[str]:
-        keys = set()
-        for key in node:
-            child = node._get_node(key)
-            if isinstance(child, DictConfig):
-                keys |= optional(child, f"{prefix}{key}.")
-            elif child._is_optional():
-                keys.add(f"{prefix}{key}")
-        return keys
-
-    return frozenset().union(*(optional(OmegaConf.structured(schema), f"{base.OPTIONS.group}.")
-                               for base in GROUPS for _, schema in base.OPTIONS.items()))
+    return frozenset(key for base in GROUPS for _, schema in base.OPTIONS.items()
+                     for key, child in leaves(OmegaConf.structured(schema),
+                                              f"{base.OPTIONS.group}.")
+                     if child._is_optional())
 
 
 FINAL_METRICS = ("loss", "val_loss", "val_accuracy")
@@ -115,12 +99,9 @@ def custom_scalars_layout(names: list[str]):
 
 def write_hparams_config(sweep_dir: Path, configs: list[DictConfig]) -> None:
     """The HParams experiment of a sweep: every flattened config key (with the values the sweep
-    takes) and the final metrics, in an event file at the sweep's root.
-
-    Written with TensorBoard's record framing and `summary_v2`, both pure Python: the
-    launching process of a sweep does not load TensorFlow (TensorBoard's EventFileWriter and
-    `hparams.api` would import it, ~10 s).
-    """
+    takes) and the final metrics, in an event file at the sweep's root, written with
+    TensorBoard's record framing and `summary_v2`, pure Python: the launching process of a
+    sweep loads no TensorFlow (TensorBoard's EventFileWriter and `hparams.api` would)."""
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.plugins.hparams import summary_v2
     from tensorboard.plugins.hparams.summary_v2 import Discrete, HParam, Metric
@@ -130,8 +111,7 @@ def write_hparams_config(sweep_dir: Path, configs: list[DictConfig]) -> None:
     for cfg in configs:
         for key, value in hparams(cfg).items():
             values.setdefault(key, set()).add(value)
-    # hparams() gives each key one type in every run; should a key still take strings and
-    # numbers (a new schema's key of another type), its domain is their strings, not an error
+    # a key that still takes strings and numbers (a new schema's key): their strings
     domains = [HParam(key, Discrete(sorted(v if len({type(x) for x in v}) == 1
                                            else {str(x) for x in v})))
                for key, v in values.items()]
@@ -170,31 +150,19 @@ def keep_rows(path: Path, header: list[str], last_step: int) -> list[list[str]]:
     return kept
 
 
-def purge_event(step: int):
-    """A SessionLog START at step+1: TensorBoard's loader then drops the points of later steps
-    that an earlier writer of this run left (they are written again after a resume)."""
-    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-
-    return Event(step=step + 1, wall_time=time.time(),
-                 session_log=SessionLog(status=SessionLog.START))
-
-
 class EventWriter:
-    """One TensorBoard event file, written record by record from Python protos.
+    """One TensorBoard event file, written record by record from Python protos (not through the
+    summary APIs, slow for a dozen scalars a step): a step's scalars are one Event whose values
+    are set in a prebuilt message, framed by TensorFlow's C++ TFRecord writer. A tag's first
+    value carries the scalars plugin's metadata, as tf.summary writes it."""
 
-    TensorBoard's and TensorFlow's summary APIs cost ~25-30 µs per scalar; a run writes a
-    dozen or more scalars every step. Here a step's scalars are one Event whose values are
-    set in a prebuilt message (~1 µs per scalar), framed by TensorFlow's C++ TFRecord writer.
-    A tag's first value carries the scalars plugin's metadata, as tf.summary writes it.
-    """
-
-    def __init__(self, run_dir: Path, suffix: str = ""):
+    def __init__(self, run_dir: Path):
         from tensorboard.compat.proto.event_pb2 import Event
 
         from gradexp._tf import tf
 
         self.Event = Event
-        self.file = tf.io.TFRecordWriter(str(run_dir / (event_file_name() + suffix)))
+        self.file = tf.io.TFRecordWriter(str(run_dir / event_file_name()))
         self.write(Event(wall_time=time.time(), file_version="brain.Event:2"))
         self.described: set[str] = set()
         self.templates: dict[tuple[str, ...], Any] = {}
@@ -248,7 +216,7 @@ class EventWriter:
 
 def histogram_pb(tag: str, data):
     """TensorBoard's `histogram_pb`, the same proto for the same data, its buckets counted with
-    np.bincount (its one-hot n × 30 matrix: 2.3 ms for the default MLP's gradients, this 0.4)."""
+    np.bincount (not its one-hot n × 30 matrix)."""
     from tensorboard.plugins.histogram import summary_v2 as histogram
 
     data = np.asarray(data, dtype=float).reshape(-1)
@@ -266,9 +234,8 @@ def histogram_pb(tag: str, data):
 
 
 # One thread writes every run's table and event files, in order, while the loop is in its next
-# compiled call (which runs without the GIL): formatting a call's rows took 10-20% of a small
-# model's steps in the loop. The writes wait for `release()`, which the loop calls as it starts
-# the next call: begun at once, they took the GIL from the loop (1.2 against 0.3 ms a call).
+# compiled call (which runs without the GIL). The writes wait for `release()`, which the loop
+# calls as it starts that call: begun at once, they took the GIL from the loop.
 _WRITER = ThreadPoolExecutor(1, thread_name_prefix="gradexp-writer")
 _HELD: list = []  # (work, args) not yet handed to the writer
 _LAST: list = [None]  # the writer's last task: a failed write (a full disk) is raised from it
@@ -300,9 +267,10 @@ class RunLog:
                  val_names: tuple[str, ...] = VAL_COLUMNS, telemetry: tuple[str, ...] = ()):
         """A new run (start_step 0), or one resumed after `start_step`: its table keeps the
         rows up to that step and grows from there; TensorBoard is told to drop later points."""
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
         from tensorboard.plugins.hparams import summary_v2 as hp
 
-        self.run_dir, self.names = run_dir, list(names)
+        self.names = list(names)
         self.val_names, self.telemetry = tuple(val_names), tuple(telemetry)
         self.every_step = len(self.names) - len(self.telemetry)  # columns of every step
         assert tuple(self.names[self.every_step:]) == self.telemetry
@@ -313,8 +281,9 @@ class RunLog:
                                     + ["%s"] * (len(self.telemetry) + len(self.val_names))) + "\n"
         self._blank = [""] * (len(self.telemetry) + len(self.val_names))
         self.events = EventWriter(run_dir)
-        if start_step:
-            self.events.write(purge_event(start_step))
+        if start_step:  # a SessionLog START: TensorBoard drops an earlier writer's later points
+            self.events.write(Event(step=start_step + 1, wall_time=time.time(),
+                                    session_log=SessionLog(status=SessionLog.START)))
             return
         self._table_file.write(",".join(header) + "\n")
         self.events.summary(0, hp.hparams_pb(hparams(cfg)))
@@ -327,19 +296,13 @@ class RunLog:
         column = ["step", *self.names, *self.val_names].index(name)
         return [np.float32(row[column] or "nan") for row in self._past_rows]
 
-    def _write(self, work, *args) -> None:
-        _HELD.append((work, args))
-
-    def flush(self) -> None:
-        flush()
-
     def steps(self, steps: np.ndarray, rows: np.ndarray, val: dict[str, float] | None,
               measured: bool = False) -> None:
         """Record steps (`rows[i]` at `steps[i]`); `val` at the last, and with `measured` its
         telemetry (blank in the other rows). `%.9g`: nine significant digits give back every
         float32 exactly (summarize and a resumed run read them so)."""
         if len(rows):
-            self._write(self._steps, steps, rows, val, measured)
+            _HELD.append((self._steps, (steps, rows, val, measured)))
 
     def _steps(self, steps, rows, val, measured) -> None:
         every = rows[:, :self.every_step].tolist()
@@ -363,7 +326,7 @@ class RunLog:
 
     def histograms(self, step: int, tensors: dict[str, Any]) -> None:
         """Histograms of `tensors` (NumPy arrays) at `step`, of their finite values."""
-        self._write(self._histograms, step, tensors)
+        _HELD.append((self._histograms, (step, tensors)))
 
     def _histograms(self, step: int, tensors: dict[str, Any]) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
@@ -378,7 +341,7 @@ class RunLog:
     def close(self, step: int, final: dict[str, float]) -> None:
         """Final metrics as `final/<name>` scalars (the HParams view's metric columns)."""
         values = {f"final/{k}": v for k, v in final.items() if v is not None}
-        self.flush()
+        flush()
         if values:
             self.events.scalars(step, values)
         self.events.close()

@@ -4,9 +4,8 @@ Each builder `f(model_cfg, inputs, num_outputs, tap) -> outputs`, registered by 
 under its schema's name, calls `tap(name, x)` at every position where a clip layer may go, in
 model order (the names are the schema's `positions()`, see gradexp/config/model.py): `tap`
 returns x through a `ClipGradient` layer named `clip_<name>` where the ClipSpec puts one, and x
-itself elsewhere. A position inside another layer (the recurrence
-of an RNN) asks `tap.layer(name)` for the clip layer itself (None where none is asked for).
-The output layer, `head`, gives logits (classification) or the predicted value (regression).
+itself elsewhere. A position inside another layer (the recurrence of an RNN) asks
+`tap.layer(name)` for the clip layer itself (None where none is asked for).
 """
 
 from __future__ import annotations
@@ -220,12 +219,9 @@ class PositionEmbedding(keras.layers.Layer):
 # ---------------------------------------------------------------------------------- model
 def build(m: DictConfig, clip: ClipSpec, input_shape: tuple[int, ...],
           num_outputs: int) -> keras.Model:
-    """The model of config node `m` for examples of `input_shape`, with clip layers as `clip`
-    says (at `clip.positions`). Whether the model takes such examples is the caller's check
-    (config.check_model_takes).
-
-    The outputs are float32 whatever the precision policy, so the loss is computed in float32.
-    """
+    """The model of config node `m` for examples of `input_shape` (the caller checks that it
+    takes them: config.check_model_takes), with clip layers as `clip` says, its outputs float32
+    whatever the precision policy, so that the loss is computed in float32."""
     def clip_layer(name):
         return ClipGradient(clip.clip_min, clip.clip_max, clip.scale, clip.grad_scale,
                             max_norm=clip.max_norm, norm_axis=clip.norm_axis,

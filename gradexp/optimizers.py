@@ -1,11 +1,9 @@
-"""The optimizer of a run: each factory registered by `@optimizer(name)` under its schema's name
-(gradexp/config/optimizer.py); `make_optimizer`, which adds loss scaling when the precision asks
-for it; and `stateless_update`, Keras's own `stateless_apply` for the TensorFlow backend, by which
-the training step updates a run's state as a value (gradexp/step.py)."""
+"""The optimizer of a run, made by the factory `@optimizer(name)` registers under its schema's
+name (gradexp/config/optimizer.py), and `stateless_update`, by which the training step updates a
+run's state as a value (gradexp/step.py)."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 from omegaconf import DictConfig
@@ -74,18 +72,14 @@ Update = Callable[[list, list, list], tuple[list, list]]
 
 def stateless_update(optimizer, params: list) -> Update:
     """`update(optimizer_values, grads, param_values) -> (param_values, optimizer_values)`:
-    Keras's `optimizer.stateless_apply` for an optimizer built on `params`, its variables
-    untouched, under the TensorFlow backend too.
-
-    Keras defines stateless_apply once, in BaseOptimizer: the variables mapped to the values
-    (a keras.StatelessScope), the optimizer's own `apply`, whose `update_step` writes through
-    `self.assign*`. The TensorFlow backend's TFOptimizer refuses it ("incompatible with
-    tf.distribute") and routes those writes to tf.Variables (Keras 3.15:
-    keras/src/backend/tensorflow/optimizer.py). While `update` runs, BaseOptimizer's own
-    assign, assign_add, assign_sub, update loop, weight decay and stateless_apply stand again,
-    and the variables' keys (TFOptimizer reads them from the values) are computed beforehand:
-    the arithmetic is the optimizer's own, for any Keras optimizer (a LossScaleOptimizer keeps
-    its stateless_apply and hands the inner one this path)."""
+    Keras's `optimizer.stateless_apply` (BaseOptimizer's: the variables mapped to the values,
+    the optimizer's own `apply`) for an optimizer built on `params`, its variables untouched,
+    under the TensorFlow backend too, whose TFOptimizer refuses it and routes `update_step`'s
+    `self.assign*` to tf.Variables (keras/src/backend/tensorflow/optimizer.py). While `update`
+    runs, BaseOptimizer's own assign, assign_add, assign_sub, update loop, weight decay and
+    stateless_apply stand again, the variables' keys computed beforehand (TFOptimizer reads them
+    from the values): the arithmetic is the optimizer's own, for any Keras optimizer (a
+    LossScaleOptimizer keeps its stateless_apply, the inner one takes this path)."""
     from keras.src.optimizers.base_optimizer import BaseOptimizer
 
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
@@ -94,23 +88,18 @@ def stateless_update(optimizer, params: list) -> Update:
     overrides = ("assign", "assign_add", "assign_sub", "_backend_update_step",
                  "_apply_weight_decay")
 
-    @contextlib.contextmanager
-    def keras_core_path():
-        for o, key in zip(optimizers, keys, strict=True):
+    def update(optimizer_values: list, grads: list, param_values: list):
+        for o, key in zip(optimizers, keys, strict=True):  # Keras's own path, while it runs
             names = [*overrides, *(["stateless_apply"] if not (scaled and o is optimizer) else [])]
             for name in names:
                 setattr(o, name, getattr(BaseOptimizer, name).__get__(o))
             o._var_key = lambda v, key=key: key[id(v)]
         try:
-            yield
+            return optimizer.stateless_apply(list(optimizer_values), list(grads),
+                                             list(param_values))
         finally:
             for o in optimizers:
                 for name in (*overrides, "stateless_apply", "_var_key"):
                     o.__dict__.pop(name, None)
-
-    def update(optimizer_values: list, grads: list, param_values: list):
-        with keras_core_path():
-            return optimizer.stateless_apply(list(optimizer_values), list(grads),
-                                             list(param_values))
 
     return update

@@ -11,8 +11,8 @@ For each of x ∈ {loss, ‖g‖}, with z_t = `spike_z`, W = `spike_warmup`, α 
              (μ the new mean); a skipped step leaves the statistics alone, so that a spike does
              not raise the bar for the next one
 
-The statistics are a value the step carries, saved in each checkpoint: a resumed run skips the
-steps an uninterrupted one would.
+The step carries the statistics and a checkpoint saves them: a resumed run skips what an
+uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -32,10 +32,6 @@ class SpikeState(NamedTuple):
     mean: tf.Tensor  # [loss, norm]
     var: tf.Tensor
 
-    @classmethod
-    def create(cls) -> SpikeState:
-        return cls(tf.constant(0, tf.int64), tf.zeros([2]), tf.zeros([2]))
-
 
 @dataclass(frozen=True)
 class SpikeDetector:
@@ -47,7 +43,7 @@ class SpikeDetector:
     alpha: float
 
     def init(self) -> SpikeState:
-        return SpikeState.create()
+        return SpikeState(tf.constant(0, tf.int64), tf.zeros([2]), tf.zeros([2]))
 
     def update(self, state: SpikeState, loss, norm) -> tuple[tf.Tensor, SpikeState]:
         x = tf.stack([tf.cast(loss, tf.float32), tf.cast(norm, tf.float32)])

@@ -1,13 +1,13 @@
-"""Stopping cleanly when asked: SIGINT and SIGTERM set a flag the training loop reads between
-compiled calls: it flushes the logs, checkpoints and marks the run interrupted (a second SIGINT
-stops at once; SIGUSR2, a scheduler's notice, the same before its own handler runs). The process
-then exits with `exit_status(signal)`. The standard library only: launchers import it.
+"""Stopping cleanly when asked (`stop_requests`): the training loop reads the request between
+compiled calls, flushes the logs, checkpoints and marks the run interrupted, and the process
+exits with `exit_status(signal)`. The standard library only: launchers import it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+from types import SimpleNamespace
 
 
 def exit_status(signum: int) -> int:
@@ -15,19 +15,13 @@ def exit_status(signum: int) -> int:
     return 128 + int(signum)
 
 
-class StopRequests:
-    """Which signal asked the run to stop (None while none has)."""
-
-    signal: int | None = None
-
-
 @contextlib.contextmanager
 def stop_requests():
-    """Within the block, SIGINT and SIGTERM ask the run to stop at the next safe point. So does
-    SIGUSR2 when a Python handler owns it: a job scheduler's warning that the job is about to be
-    stopped (submitit's handler requeues the job and exits at once). Its handler is put back
-    when the block ends, for the caller to call once the run is checkpointed and recorded."""
-    requests = StopRequests()
+    """Yields `requests`: its `signal` is the one that asked the run to stop at the next safe
+    point (None while none has): SIGINT, SIGTERM, or SIGUSR2 when a Python handler owns it (a
+    job scheduler's warning; submitit's handler requeues the job and exits at once), that
+    handler put back when the block ends, for the caller to call once the run is recorded."""
+    requests = SimpleNamespace(signal=None)
 
     def ask(signum, frame):
         if requests.signal == signal.SIGINT and signum == signal.SIGINT:

@@ -1,8 +1,7 @@
-"""Per-layer telemetry, computed by the training step for every layer with trainable weights
-(`trainer.layer_norms`, on by default) at the steps whose measurements are logged with a
-progress line (the last step of each compiled call: gradexp/step.py). With θ_l the weights of
-layer l (all its variables together), g_l their gradient and Δθ_l = θ_l(after the step) −
-θ_l(before it):
+"""Per-layer telemetry (`trainer.layer_norms`, on by default), computed by the training step at
+the steps it logs (the last of each compiled call) for every layer with trainable weights. With
+θ_l the weights of layer l (all its variables), g_l their gradient and Δθ_l = θ_l(after the
+step) − θ_l(before it):
 
     param_grad_norm/<l>        ‖g_l‖ = sqrt(Σ_v∈l Σ g_v²), before parameter clipping
     param_grad_norm/<l>/post   the same after parameter clipping: what the optimizer was given

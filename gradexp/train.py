@@ -1,9 +1,7 @@
 """Train one model with clip layers inserted: `python -m gradexp.train [key=value ...]`.
 
 `-m` makes a sweep (`python -m gradexp.train -m clip=null,0.1 seed=0,1,2`); `--help` lists the
-config groups and keys. The file reads top to bottom: Hydra's task (`run`), the entry point,
-`train_runs` (a recipe for one run or a batch of K: set each run up, the compiled engine of
-gradexp/engine.py, the loop, finish), the loop, then how a run starts and finishes.
+config groups and keys.
 """
 
 from __future__ import annotations
@@ -100,10 +98,10 @@ def record_failure(exc: Exception, job: Job) -> str | None:
     return config.explain(exc)
 
 
-def failed(exc: Exception, job: Job, logger: logging.Logger = log) -> dict:
+def failed(exc: Exception, job: Job) -> dict:
     """A sweep's run that crashed: recorded, said in one line, and the sweep goes on."""
     message = record_failure(exc, job)
-    logger.error("run failed: %s (%s)", message or repr(exc), job.run_dir)
+    log.error("run failed: %s (%s)", message or repr(exc), job.run_dir)
     return {"status": rundir.FAILED}
 
 
@@ -169,10 +167,8 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
 def train_runs(jobs: list[Job], resume: bool = False,
                loggers: list[logging.Logger] | None = None) -> list[dict]:
     """Train `jobs`, runs of one structure (gradexp/grouping.py) starting at the same step, as
-    one: K = 1 a run alone, K > 1 a batch; return their summaries. A recipe: the first run set
-    up and the engine traced on it (XLA compiles it in a thread, meanwhile), the other runs set
-    up, their values loaded, the loop, each run finished. `loggers`: each run's (default: this
-    module's, Hydra's job logging)."""
+    one (K = 1 a run alone, K > 1 a batch); return their summaries. A batch's program compiles
+    in a thread while its other runs are set up. `loggers`: each run's (default: `log`)."""
     from gradexp.engine import Engine
 
     loggers = loggers or [log] * len(jobs)
@@ -190,9 +186,8 @@ def train_runs(jobs: list[Job], resume: bool = False,
 
 def train_batch(jobs: list[Job]) -> list[dict]:
     """hydra/launcher=gradexp's task, in its worker process: runs of one structure trained as
-    one batch (the launcher has sent the runs that cannot share a program one by one), each
-    logging to its own file, as a job would. A run alone that crashes is recorded and the sweep
-    goes on; a batch that crashes raises (the launcher then trains its runs one by one)."""
+    one batch, each logging to its own file as a job would. A run alone that crashes is recorded
+    and the sweep goes on; a batch that crashes raises (the launcher then trains them singly)."""
     loggers = [run_logger(job) for job in jobs]
     try:
         return train_runs(jobs, loggers=loggers)
@@ -222,15 +217,13 @@ def run_logger(job: Job) -> logging.Logger:
 
 
 def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
-    """Train the runs from their step to `trainer.steps` in calls of up to `trainer.log_every`
-    steps, each followed by each run's bookkeeping (gradexp/tracking.py). A run stops at its
-    divergence (on_divergence=stop); all stop at SIGINT/SIGTERM, after the call under way.
-    `ready`: done when the engine's programs are (a batch compiles them ahead)."""
+    """Train the runs to `trainer.steps` in calls of up to `trainer.log_every` steps, then each
+    run's bookkeeping (gradexp/tracking.py); a run stops at its divergence (on_divergence=stop),
+    all at SIGINT/SIGTERM after the call under way. `ready`: a batch's programs compiled ahead."""
     from gradexp import logs
     from gradexp._tf import tf
 
-    # the trainer's settings as a plain dataclass: a DictConfig's attribute costs ~27 µs, and
-    # the bookkeeping reads seven a call (0.2 ms: 2% of a default 50-step call)
+    # the trainer's settings as a plain dataclass (a DictConfig is slow to read): read every call
     t, K = OmegaConf.to_object(runs[0].cfg.trainer), len(runs)
     done: dict = {}  # what one call's bookkeeping does for all runs at once, done once
 
@@ -249,17 +242,16 @@ def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
         return {f"gradients/{v.path}": g[k] if K > 1 else g
                 for v, g in zip(engine.params, grads, strict=True)}
 
-    def save(k):
-        def checkpoint(step):
-            for_all("sync", lambda: engine.sync(*(j for j, tr in enumerate(trackers)
-                                                  if tr.going() or j == k)))
-            runs[k].runlog.flush()  # the table holds every step the checkpoint has
-            runs[k].state.save(step)
-        return checkpoint
+    def save(k, step):
+        for_all("sync", lambda: engine.sync(*(j for j, tr in enumerate(trackers)
+                                              if tr.going() or j == k)))
+        logs.flush()  # the table holds every step the checkpoint has
+        runs[k].state.save(step)
 
     trackers = [Tracker(t, engine.names, run.step.val_names, run.runlog, run.first,
                         evaluate=lambda k=k: evaluate(k), gradients=lambda k=k: gradients(k),
-                        save=save(k), logger=run.logger) for k, run in enumerate(runs)]
+                        save=lambda step, k=k: save(k, step), logger=run.logger)
+                for k, run in enumerate(runs)]
     for run in runs:
         run.logger.info("%s %s on %s (%d steps, %s%s) -> %s", f"resuming at step {run.first}:"
                         if run.first else "training", run.cfg.model.name, run.cfg.dataset.name,
@@ -295,8 +287,7 @@ def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
                                     f"{sum(tr.going() for tr in trackers)} of {K} runs going",
                                     f"{max(steps) / seconds:.0f} steps/s per run"]))
     engine.sync(*range(K))
-    for run in runs:
-        run.runlog.flush()
+    logs.flush()
     return [tracker.result(stop.signal) for tracker in trackers]
 
 

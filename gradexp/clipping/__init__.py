@@ -5,32 +5,22 @@ once per run and carries its state from step to step as a value (gradexp/step.py
 
     method = make_clipper(cfg.clipping, params, output_params=head.trainable_variables)
     state = method.init(params)                 # a NamedTuple of tensors; empty if stateless
-    ...
-    grads = tape.gradient(loss, params)
-    grads, state, stats = method.update(grads, state, params)
-    optimizer.apply(grads, params)
+    grads, state, stats = method.update(tape.gradient(loss, params), state, params)
 
-Every method returns the clipped gradients, its new state and `stats`, a dict of float32
-scalars:
+`stats` is a dict of float32 scalars:
 
     norm_before  ‖g‖ = sqrt(Σ_tensors Σ_elements g²), the global L2 norm of the gradients in
     norm_after   the same norm of the gradients out
     threshold    the bound in force this step (each method says which)
     clipped      1.0 if the method changed a gradient this step, else 0.0
 
-Non-finite gradients stay visible: when ‖g‖ is inf or NaN, every method returns the gradients
-unchanged (Keras would make them NaN, or clip ±inf to the bound) and the adaptive methods leave
-their state alone, so one overflow does not poison their statistics (a norm that overflows
-float32 while every element is finite, ≳1e19 per element, counts as non-finite too).
+Non-finite gradients stay visible: when ‖g‖ is inf or NaN (also a norm that overflows float32
+while every element is finite), every method returns the gradients unchanged (Keras would make
+them NaN, or clip ±inf to the bound) and the adaptive methods leave their state alone.
 
-Activation clipping (gradexp/layers.py) is another thing: it clips dy, elementwise, where the
-backward pass crosses a chosen position, so everything upstream is computed from the clipped
-signal; parameter clipping acts once backprop is over, on the parameters' gradients. Under a
-distribution strategy `update` takes the all-reduced gradients (Keras 3's own clipvalue,
-clipnorm and global_clipnorm act inside `optimizer.apply` before its all-reduce, on each
-replica's). common.py holds what every method shares; each other module is one family, its
-formulas and references in its docstring, registering its methods under their names in
-conf/clipping/ (the package imports every module in it: no list to edit).
+Under a distribution strategy a method takes the all-reduced gradients (Keras's clipnorm acts
+on each replica's). Each module but common.py is one family, its formulas and references in its
+docstring, its methods registered under their names in conf/clipping/ (each module imported).
 """
 
 from __future__ import annotations
@@ -54,7 +44,6 @@ def make_clipper(cfg: Any, params: list, output_params: Iterable | None = None) 
     return METHODS[cfg.name](cfg, params, output_params)
 
 
-# Every module of the package registers its methods in METHODS on import.
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")
 del _module

@@ -8,25 +8,12 @@ clip_grads.py, class AdaGC). For every parameter tensor i, with g_i its gradient
     then:            g_i ← g_i · min(1, λ_rel · γ_i / ‖g_i‖)          (γ_i of the step before)
                      γ_i ← β · γ_i + (1 − β) · ‖g_i‖  of the clipped g_i
 
-λ_rel = `clip_ratio`, β = `beta`, T = `warmup_steps`, λ_abs = `warmup_max_norm`. Where each
-detail comes from:
-- the per-tensor rule and the EMA of clipped norms: the paper's abstract and the README of the
-  authors' repository (h_t,i = min(1, λ_rel·γ_t−1,i / ‖g_t,i‖), γ_t,i = β·γ_t−1,i + (1−β)·‖g_t,i‖
-  with g_t,i already clipped), and the code;
-- the warm-up: the code (`start_clip_steps`; steps 1…T are clipped globally by Megatron's
-  `--clip-grad`, λ_abs, and γ_i is the smallest per-tensor norm after that clipping), as the
-  README's "Warm-up with GlobalGC" stage describes;
-- the defaults in conf/clipping/adagc.yaml: the code's (clip_ratio 1.04, beta 0.99,
-  start_clip_steps 100; its GPT-2 script passes --clip-grad 1.0 for a mean loss). The paper's
-  own table of settings was not at hand; third-party ports (pytorch_optimizer's AdaGC) use
-  λ_rel 1.05, β 0.98, 100 warm-up steps, and clip globally on steps 1…T−1 only.
-- a tensor first seen after the warm-up (its gradient was None until then) starts from its own
-  norm, γ_i = ‖g_i‖, as the code does; it is not clipped that step.
-
-As in the code, norms are L2 norms of whole tensors, and a tensor whose gradient was exactly zero
-during the warm-up keeps γ_i = 0: it is clipped to zero from then on. The code rescales by
-bound / (‖g_i‖ + 1e-6); we rescale to exactly the bound (λ_rel·γ_i, or λ_abs). warmup_max_norm
-null (an extension; Megatron calls AdaGC only with --clip-grad > 0) clips nothing in the warm-up.
+λ_rel = `clip_ratio`, β = `beta`, T = `warmup_steps`, λ_abs = `warmup_max_norm` (null, an
+extension: no clipping in the warm-up). As in the authors' code: the warm-up (`start_clip_steps`,
+Megatron's `--clip-grad` as λ_abs), L2 norms of whole tensors, γ_i = 0 kept by a tensor whose
+gradient was exactly zero in the warm-up (clipped to zero from then on), and a tensor first seen
+after the warm-up (its gradient None until then) starting from its own norm, unclipped that
+step. The code rescales by bound / (‖g_i‖ + 1e-6); we rescale to exactly the bound.
 
 threshold = λ_abs during the warm-up (inf if null), then λ_rel·sqrt(Σ_i γ_i²): the global norm
 of the per-tensor bounds, which the global norm after clipping never exceeds.
@@ -98,7 +85,6 @@ def _adagc(c, params, output_params) -> Method:
         raise ValueError("clipping=adagc keeps one threshold per parameter: two parameters "
                          "have the same path")
     slot_of = {path: slot for slot, path in enumerate(paths)}
-    tensors = len(params)
     cap = None if c.warmup_max_norm is None else float(c.warmup_max_norm)
     settings = (float(c.clip_ratio), float(c.beta), cap, int(c.warmup_steps))
 
@@ -109,4 +95,4 @@ def _adagc(c, params, output_params) -> Method:
                              "method was made for")
         return adagc(grads, [slot_of[variable_path(v)] for v in present], state, *settings)
 
-    return Method(c.name, lambda: AdaGCState.create(tensors), update)
+    return Method(c.name, lambda: AdaGCState.create(len(paths)), update)

@@ -28,14 +28,11 @@ AGC_MIN_GRAD_NORM = 1e-6  # nfnets: floor on ‖G_unit‖ in the rescale, "just 
 
 
 def unitwise_norm(x) -> tf.Tensor:
-    """‖x‖ per unit: over every axis but the last for a Keras kernel (…, in, out), i.e. one norm
-    per output unit of a Dense kernel [in, out] or per filter of a Conv kernel [h, w, in, out];
-    over the whole tensor for a scalar or a vector (biases, gains), which nfnets and timm both
-    treat as one unit. This is nfnets' `unitwise_norm` (HWIO layout) for 1-, 2- and 4-D tensors
-    and timm's (PyTorch's out-first layout) transposed. Where nfnets differs we go by rank: it
-    squeezes size-1 axes first (a [1, out] kernel becomes one vector) and reduces only axis 0 of
-    a 3-D tensor; we take a Conv1D kernel [w, in, out] per filter, like the others.
-    """
+    """‖x‖ per unit: one norm per output unit of a Keras kernel (…, in, out), over every axis
+    but the last (a Dense kernel's columns, a Conv kernel's filters); one over the whole of a
+    scalar or vector (biases, gains). nfnets' `unitwise_norm` (HWIO) for 1-, 2- and 4-D tensors
+    and timm's transposed; nfnets squeezes size-1 axes first and reduces only axis 0 of a 3-D
+    tensor, where we go by rank (a Conv1D kernel [w, in, out] per filter)."""
     x = tf.cast(x, tf.float32)
     if x.shape.rank <= 1:
         return tf.sqrt(tf.reduce_sum(tf.square(x)))

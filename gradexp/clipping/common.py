@@ -1,10 +1,7 @@
-"""What every clipping method shares: the METHODS registry and its decorators, the `Method` the
-trainer calls, the global norm, rescaling, and the stats every method returns.
-
-A method module registers itself with @method(name) on a factory (its config node, the
-parameters, the output layer's parameters) -> Method, or @stateless(name, *keys) on
-f(grads, *settings) whose settings are the config's `keys`. make_clipper looks the name up.
-"""
+"""What every clipping method shares: the METHODS registry, where a module registers
+@method(name) on a factory (its config node, the parameters, the output layer's parameters) ->
+Method, or @stateless(name, *keys); the `Method` the trainer calls; the global norm, rescaling,
+and the stats every method returns."""
 
 from __future__ import annotations
 
@@ -19,7 +16,6 @@ from gradexp.config import Registry
 
 INF = float("inf")
 
-# Each method under its name in conf/clipping/, each in its own module of gradexp/clipping/.
 METHODS = Registry("clipping", "method", "gradexp/clipping/")
 method = METHODS.add
 
@@ -30,15 +26,10 @@ class NoState(NamedTuple):
 
 @dataclass(frozen=True, eq=False)  # hashable by identity, like a function
 class Method:
-    """One run's parameter-gradient clipping as two pure functions (optax's init/update):
-
-        state = method.init(params)
-        grads, state, stats = method.update(grads, state, params)
-
-    `state` is a NamedTuple of tensors (NoState for the stateless methods): the training step
-    carries it from step to step and a checkpoint saves it, field by field, in this order. None
-    gradients pass through as None; IndexedSlices are made dense.
-    """
+    """One run's parameter-gradient clipping as two pure functions, optax's init and update
+    (the package docstring). The state is a NamedTuple of tensors (NoState: stateless) that the
+    step carries and a checkpoint saves field by field; `update` passes None gradients through
+    and makes IndexedSlices dense."""
 
     name: str
     initial: Callable[[], NamedTuple]  # the state before the first step

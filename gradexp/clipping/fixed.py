@@ -6,7 +6,7 @@
     global_norm  all together: g ← g · c/‖g‖ if ‖g‖ > c           threshold = c  (`global_clipnorm`)
 
 global_norm is Pascanu, Mikolov & Bengio 2013, "On the difficulty of training recurrent neural
-networks". Each function below says where, and how far, it matches Keras bit for bit.
+networks". Each function below says how far it matches Keras bit for bit.
 """
 
 from __future__ import annotations
@@ -24,10 +24,7 @@ def no_clipping(grads: list) -> tuple[list, dict]:
 
 @stateless("value", "max_value")
 def clip_by_value(grads: list, max_value: float) -> tuple[list, dict]:
-    """g ← clip(g, −v, v), elementwise (Keras `clipvalue`, which calls tf.clip_by_value).
-
-    threshold = v.
-    """
+    """g ← clip(g, −v, v), as Keras `clipvalue` (tf.clip_by_value). threshold = v."""
     norm = global_norm(grads)
     finite = tf.math.is_finite(norm)
     out = [tf.where(finite, tf.clip_by_value(g, -max_value, max_value), g) for g in grads]
@@ -37,13 +34,10 @@ def clip_by_value(grads: list, max_value: float) -> tuple[list, dict]:
 
 @stateless("norm", "max_norm")
 def clip_by_norm(grads: list, max_norm: float) -> tuple[list, dict]:
-    """Each tensor on its own: g_i ← g_i · c / ‖g_i‖ where ‖g_i‖ > c (Keras `clipnorm`).
-
-    Keras 3 calls tf.clip_by_norm, (g_i · c) / max(‖g_i‖, c), for every tensor; we use the same
-    expression where it clips (bit-for-bit Keras' result) and leave g_i alone elsewhere (Keras'
-    (g·c)/c may move g by a rounding). threshold = c; the global norm after is ≤ c·sqrt(#tensors).
-    Computed in float32 and cast back to g's dtype, like the global norm.
-    """
+    """Keras `clipnorm`, tf.clip_by_norm's (g_i · c) / max(‖g_i‖, c) for every tensor: the same
+    expression where it clips (bit for bit), g_i left alone elsewhere (Keras' (g·c)/c may move it
+    by a rounding); in float32, cast back to g's dtype. threshold = c; the global norm after is
+    ≤ c·sqrt(#tensors)."""
     norm = global_norm(grads)
     finite = tf.math.is_finite(norm)
     out, over = [], []
@@ -58,14 +52,9 @@ def clip_by_norm(grads: list, max_norm: float) -> tuple[list, dict]:
 
 @stateless("global_norm", "max_norm")
 def clip_by_global_norm(grads: list, max_norm: float) -> tuple[list, dict]:
-    """All tensors together: g ← g · c / ‖g‖ where ‖g‖ > c (Keras `global_clipnorm`; Pascanu,
-    Mikolov & Bengio 2013, "On the difficulty of training recurrent neural networks").
-
-    The factor is computed as Keras 3 computes it, c · (1/‖g‖), so a clipped step is bit-for-bit
-    Keras'; below the bound g is left exactly as it is (Keras multiplies by c · (1/c), which may
-    differ from 1 by a rounding). threshold = c. c = None never clips (as `none`): the baseline
-    of a sweep over c.
-    """
+    """Keras `global_clipnorm`, its factor c · (1/‖g‖) where it clips (bit for bit); below the
+    bound g is left as it is (Keras multiplies by c · (1/c), maybe 1 off by a rounding).
+    threshold = c. c = None never clips (as `none`): the baseline of a sweep over c."""
     if max_norm is None:
         return no_clipping(grads)
     norm = global_norm(grads)

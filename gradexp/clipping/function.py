@@ -2,11 +2,9 @@
 
     clipping=function clipping.method=my_pkg.clip:make clipping.kwargs.factor=0.5
 
-`make(params, output_params, **kwargs)` returns a `Method(name, initial, clip)` (see
-gradexp/clipping/common.py): `initial()` its state (a NamedTuple of tensors; `NoState`),
-`clip(present_grads, state, params) -> (grads, state, stats)` with the stats every method
-returns (`clip_stats`). This is also how a method of gradexp's own can start: its code and a
-YAML naming it (docs/extending/clipping-method.md).
+`make(params, output_params, **kwargs)` returns a gradexp/clipping/common.py `Method(name,
+initial, clip)`: `initial()` its state, `clip(present_grads, state, params) -> (grads, state,
+stats)` (docs/extending/clipping-method.md).
 """
 
 from __future__ import annotations

@@ -14,11 +14,8 @@ Pre-Training"; github.com/bluorion-com/ZClip, zclip/zclip.py, class ZClip). With
 
 f = `clip_factor` (the reference multiplies the whole of μ + z_t²·σ/z by it, although its
 docstring says the z_t·σ term); c = `max_grad_norm`, a fixed cap on every step, warm-up
-included, where the reference calls torch's clip_grad_norm_; null (gradexp's default) is no cap,
-as in the paper (the reference's default is 1.0). `mode` percentile ignores `clip_option` and
-`clip_factor` (the reference sets clip_option to None), and clip_option mean ignores
-`clip_factor`: the config refuses them there rather than let a sweep label runs by a key that did
-nothing. Not taken from the reference: `skip_update_on_spike` (leave μ, σ² alone on a spike).
+included (null: none). The config refuses an option the mode ignores. The reference's
+`skip_update_on_spike` (leave μ, σ² alone on a spike) is not taken.
 
 threshold = μ + z_t·(σ + 1e-6) (percentile: μ + z_t·σ), the norm above which a step is a spike,
 inf during warm-up; with a cap, the smaller of it and c. We rescale to exactly min(g*, c) (the
@@ -38,10 +35,9 @@ from gradexp.config.clipping import ZClipConfig
 ZCLIP_EPS = 1e-6  # the ZClip reference's eps in z = (g − μ) / (σ + eps)
 ZSCORE, PERCENTILE = "zscore", "percentile"  # modes
 ADAPTIVE_SCALING, MEAN = "adaptive_scaling", "mean"  # clip_options of mode zscore
-# The keys added after the first four, at the values that give the behaviour from before them
-# (and the reference's, but for its cap of 1.0): a config node without them, such as a run's
-# recorded config from before, means these.
-OPTION_DEFAULTS = {key: getattr(ZClipConfig, key)  # the schema's defaults, written there once
+# What a config node without the keys added later (a run's recorded config from before) means:
+# the schema's defaults, the behaviour from before them
+OPTION_DEFAULTS = {key: getattr(ZClipConfig, key)
                    for key in ("mode", "clip_option", "clip_factor", "max_grad_norm")}
 
 
