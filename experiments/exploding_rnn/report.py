@@ -8,6 +8,8 @@ and its end marker is written here, in seconds, with no training.
                    seeds 1–4 (the only evidence beyond it)
     beyond_seed_0  every setting on seed 0 and on seeds 1–4, against the unclipped RNN of the
                    same seeds (two-sided exact sign test)
+    fresh          the test DECLARED.md names, on the fresh seeds 5–14, as fresh.py wrote it
+                   (fresh/result.md, from fresh.sh's sweeps)
 
 table.md (table.py) needs the sweeps' run directories; this needs only activation/runs.csv and
 params/runs.csv. The unclipped RNN is the activation sweep's clip=null after the RNN (the same
@@ -101,7 +103,8 @@ def answer(runs: pd.DataFrame) -> str:
 def blocks() -> dict[str, str]:
     runs = per_run()
     return {"answer": answer(runs),
-            "beyond_seed_0": beyond_seed_0(runs).to_markdown(index=False)}
+            "beyond_seed_0": beyond_seed_0(runs).to_markdown(index=False),
+            "fresh": (HERE / "fresh" / "result.md").read_text().strip()}
 
 
 if __name__ == "__main__":
