@@ -8,7 +8,11 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from conftest import gradexp
+
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
 
 RATIOS = {  # the performance page's table (docs/performance.md), each with its spread
     "vs_keras_fit", "vs_bare_loop", "vs_bare_loop_wide", "flop_fraction", "layer_overhead",

@@ -26,6 +26,7 @@ def mkdocs(config: Path, site: Path) -> subprocess.CompletedProcess:
                                "PYTHONPATH": str(REPO)})
 
 
+@pytest.mark.slow
 def test_the_site_builds_with_strict_warnings(tmp_path):
     result = mkdocs(REPO / "mkdocs.yml", tmp_path / "site")
     assert result.returncode == 0, result.stderr
@@ -36,6 +37,7 @@ def test_the_site_builds_with_strict_warnings(tmp_path):
     assert (site / "guide" / "tensorboard_bands.png").stat().st_size > 100_000  # the screenshot
 
 
+@pytest.mark.slow
 def test_a_broken_link_fails_the_strict_build(tmp_path):
     """The same validation settings on a page that links to a page that is not there."""
     config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
@@ -122,6 +124,7 @@ def test_the_configuration_page_lists_every_key_of_every_schema_hydra_knows():
     assert "resume" in expected["Top-level keys"] and OmegaConf.is_missing(root, "model")
 
 
+@pytest.mark.slow
 def test_the_bench_json_renders_as_its_page(tmp_path):
     figures = {"vs_keras_fit": 2.5, "vs_keras_fit_min": 2.25, "vs_keras_fit_max": 3.125,
                "logging_overhead": 1.1, "logging_overhead_min": 1.0, "logging_overhead_max": 1.2,

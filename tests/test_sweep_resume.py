@@ -13,8 +13,11 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from conftest import REPO, gradexp
+
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
 
 # deterministic: the tables of a stopped-and-resumed sweep and of a whole one are equal, byte for
 # byte. A signal sent once 40 rows are on disk lands well before step 300 (150-450 steps/s here;
