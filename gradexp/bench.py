@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gradexp import bench_sweeps, rundir
+from gradexp import bench_report, bench_sweeps, rundir
 from gradexp.rounds import ROUNDS, figure, medians, ratio, shown, side_by_side
 from gradexp.train import CONF_DIR
 
@@ -315,9 +315,14 @@ def main(argv: list[str] | None = None) -> dict:
                         help=f"rounds per comparison (default {ROUNDS}, quick 2)")
     parser.add_argument("--smoke", action="store_true", help="--quick at a toy scale, one "
                         "round: a test of the bench's code (under a minute; figures mean nothing)")
+    parser.add_argument("--markdown", metavar="FILE.json", help="print the figures of FILE.json "
+                        "(the JSON line a run printed) as a Markdown page, and measure nothing")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides for every run, e.g. trainer.jit_compile=false")
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(bench_report.render(args.markdown), end="")
+        return {}
     EXTRA[:] = args.overrides
     repeats = args.repeats or (1 if args.smoke else 2 if args.quick else ROUNDS)
     steps = 40 if args.smoke else 600 if args.quick else 10000  # ~2.5 s a gradexp run

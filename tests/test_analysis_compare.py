@@ -16,6 +16,7 @@ from gradexp.analysis.metrics import Settings
 from gradexp.analysis.reports import group_table
 from gradexp.analysis.runs import load_runs
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
 
 def t_interval(values):
     """scipy's 95% Student-t interval of the mean of `values`."""

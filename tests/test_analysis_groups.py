@@ -32,6 +32,7 @@ def test_group_values_from_overrides_and_config(tmp_path):
         {"clip": "0.1", "model": "mlp", "model.width": "32", "seed": "0"}]
 
 
+@pytest.mark.slow
 def test_several_baseline_keys_one_unclipped_group_for_two_sweeps(tmp_path):
     """By default clip=null and clipping=none together: the clip sweep's and the method sweep's
     unclipped runs are one group (a preset's name, the same config, does not split them), and

@@ -50,6 +50,7 @@ def test_success_and_steps_to_success_by_hand(losses, error_rates, success, step
     assert m["steps_to_success"] == step or (math.isnan(step) and math.isnan(m["steps_to_success"]))
 
 
+@pytest.mark.slow
 def test_no_criterion_is_no_success_and_leaves_other_sweeps_alone(tmp_path):
     """Without an error_rate/val column, or without dataset.success_below, success is NaN; a
     sweep in which no run has one gets no success rows or columns at all."""
@@ -66,6 +67,7 @@ def test_no_criterion_is_no_success_and_leaves_other_sweeps_alone(tmp_path):
     assert "success" not in group_table(tidy, ["clip"], {"clip": "null"})
 
 
+@pytest.mark.slow
 def test_success_rate_interval_and_gained_lost_seeds(tmp_path):
     """The baseline succeeds on seed 4 only (1/5), the clipped group on seeds 0–3 (4/5): seeds
     0–3 gained, seed 4 lost; Δ rate +0.6; sign test 2 · P(X ≤ 1), X ~ Bin(5, ½) = 2 · 6/32 =
@@ -132,6 +134,7 @@ def test_max_stable_lr(tmp_path):
                                      "max_stable_lr": ["0.1", "1", "—", "0.01", "10"]}
 
 
+@pytest.mark.slow
 def test_lr_sweep_prints_the_block_and_plots_against_the_rate(tmp_path, capsys, monkeypatch):
     lr_sweep(tmp_path, {"a": ("10",)})  # one setting: the block has one row
     from gradexp.analysis import plots

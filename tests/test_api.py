@@ -10,6 +10,7 @@ import pytest
 from conftest import QUICK, REPO
 from gradexp import api, config
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
 
 def test_compose_run_and_read_back_as_the_cli_does(tmp_path):
     quick = [*QUICK, "trainer.steps=20", "trainer.eval_every=20"]

@@ -18,6 +18,8 @@ from conftest import QUICK, events, gradexp
 from gradexp import engine, grouping
 from gradexp import train as training
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
+
 # the launcher and the step as shipped (XLA on), short and narrow
 XLA = ["trainer.jit_compile=true"]
 

@@ -1,16 +1,20 @@
 """`python -m gradexp.bench --quick` as a user runs it, at a toy scale (`--smoke`): every
-measurement of --quick runs and its last line is one JSON object of the figures the README's
-performance table names. Timings are not checked (they mean nothing at this scale): only that
-every figure is there and is a positive finite number."""
+measurement of --quick runs and its last line is one JSON object of the figures the performance
+page's table names (docs/performance.md). Timings are not checked (they mean nothing at this
+scale): only that every figure is there and is a positive finite number."""
 
 from __future__ import annotations
 
 import json
 import math
 
+import pytest
+
 from conftest import gradexp
 
-RATIOS = {  # the README's table, each with its spread over the rounds
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
+
+RATIOS = {  # the performance page's table (docs/performance.md), each with its spread
     "vs_keras_fit", "vs_bare_loop", "vs_bare_loop_wide", "flop_fraction", "layer_overhead",
     "logging_overhead", "logging_overhead_no_telemetry", "telemetry_overhead",
     "summarize_vs_tbparse", "config_error_s"}

@@ -14,6 +14,8 @@ from conftest import event_scalars, events
 from gradexp.analysis.runs import read_metrics
 from gradexp.train import train
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
+
 # log_every=1: each step a call of its own, so that step 1 measures the per-layer telemetry too
 SMALL = ["model.depth=2", "model.width=8", "trainer.batch_size=8", "trainer.steps=2",
          "trainer.log_every=1", "trainer.eval_every=2", "trainer.histogram_every=0",

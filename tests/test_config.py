@@ -81,6 +81,7 @@ def case_id(value):
     return " ".join(value) if isinstance(value, list) else None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("overrides", "key", "allowed"), BAD, ids=case_id)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key, allowed):
     flags = [o for o in overrides if o.startswith("-")]
@@ -94,6 +95,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key, allowed):
     assert not (tmp_path / "outputs").exists()  # no run directory made, not even .hydra/
 
 
+@pytest.mark.slow
 def test_config_errors_do_not_wait_for_tensorflow():
     # The entry point and the validation import no TensorFlow (which takes ~10 s to load).
     code = ("import sys, gradexp.train, gradexp.config; "
@@ -121,6 +123,7 @@ def test_sweep_jobs_expand_like_the_basic_sweeper(make_cfg):
     assert len(jobs) == 6 and ["seed=0", "clip=null"] in jobs and ["seed=1", "clip=1"] in jobs
 
 
+@pytest.mark.slow
 def test_each_job_of_a_sweep_is_composed_once(monkeypatch):
     """compose_once: the checks', the sweeper's and the launcher's loads of one job compose it
     once; each gets its own copy of that config, the one a fresh compose gives; a load for

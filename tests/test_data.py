@@ -60,6 +60,7 @@ def test_teacher_targets_are_standardised_and_seeded(make_cfg):
 
 
 # ---------------------------------------------------------------------------------- mnist1d
+@pytest.mark.slow
 def test_mnist1d_is_the_packages_make_dataset_with_its_own_split(make_cfg):
     from mnist1d.data import get_dataset_args, make_dataset
     from omegaconf import OmegaConf
@@ -142,6 +143,7 @@ KERAS_SETS = {  # name: (writer, one example's shape, examples)
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", KERAS_SETS)
 def test_keras_dataset_loads_files_from_cache_dir(make_cfg, tmp_path, name):
     write, shape, total = KERAS_SETS[name]

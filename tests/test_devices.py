@@ -15,6 +15,8 @@ import pytest
 from conftest import CONF, QUICK, REPO
 from gradexp.train import train
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
+
 SHORT = [*QUICK, "trainer.steps=20", "trainer.eval_every=20", "trainer.histogram_every=0"]
 
 

@@ -10,8 +10,11 @@ import textwrap
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from conftest import gradexp
+
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
 
 CODE = {
     "throwaway/__init__.py": "",

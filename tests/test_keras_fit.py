@@ -21,6 +21,8 @@ from gradexp.keras import Telemetry
 from gradexp.layers import ClipGradient
 from gradexp.step import metric_names
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
+
 GLOBAL = metric_names([])  # the columns of every step but the clip layers'
 EXACT = ("param_clip/threshold", "param_clip/clipped", "learning_rate")  # set, not computed
 

@@ -26,6 +26,8 @@ import pytest
 
 from gradexp import api
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
+
 ONE_PARAMETER = textwrap.dedent('''
     import keras
     import numpy as np

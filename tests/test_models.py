@@ -60,6 +60,7 @@ def assert_trained(summary, table, dataset, positions):
         assert 0 <= table["accuracy/val"].iloc[-1] <= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset", SMALL_DATASETS)
 @pytest.mark.parametrize("model", TINY_MODELS)
 def test_model_trains_with_a_clip_at_every_position_or_is_refused(make_cfg, tmp_path, model,
@@ -79,6 +80,7 @@ def test_model_trains_with_a_clip_at_every_position_or_is_refused(make_cfg, tmp_
     assert_trained(summary, table, dataset, positions)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("cell", "gates"), [("simple", 1), ("gru", 3)])
 def test_the_simple_and_gru_cells_train(make_cfg, tmp_path, cell, gates):
     """model.cell=simple and gru in a real run (the grid above trains LSTMs), clipped at every
@@ -100,6 +102,7 @@ ONE_POSITION = {"mlp": ("teacher", "dense_2"), "cnn": ("digits", "conv_2"),
                 "rnn": ("adding", "rnn_2_state"), "transformer": ("adding", "attn_1")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ONE_POSITION)
 def test_model_trains_with_a_clip_at_one_named_position(make_cfg, tmp_path, model):
     dataset, position = ONE_POSITION[model]
@@ -193,6 +196,7 @@ def sequences(seed):
                        tf.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell", ["simple", "lstm", "gru"])
 def test_state_clip_acts_at_every_time_step(make_cfg, cell):
     model, x = two_layer_rnn(make_cfg, cell, "rnn_1_state"), sequences(0)
@@ -211,6 +215,7 @@ def test_state_clip_acts_at_every_time_step(make_cfg, cell):
     assert np.abs(dx - dx_unclipped).max() > 0.05 * np.abs(dx_unclipped).max()
 
 
+@pytest.mark.slow
 def test_output_clip_is_the_output_sequence_only(make_cfg):
     model, x = two_layer_rnn(make_cfg, "simple", "rnn_1"), sequences(1)
     dx, stats = through_gradexp(model, x)
@@ -219,6 +224,7 @@ def test_output_clip_is_the_output_sequence_only(make_cfg):
     np.testing.assert_allclose(stats, stats_by_hand, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_rnn_with_state_clip_survives_save_and_load(make_cfg, tmp_path):
     from gradexp._tf import keras
 

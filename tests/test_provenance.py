@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 from gradexp import provenance
 
@@ -122,6 +124,7 @@ def test_installed_packages_are_importlib_metadata_s_versions():
     assert set(packages) == names
 
 
+@pytest.mark.slow
 def test_a_sweep_from_a_dirty_checkout_records_its_commit_and_diff_in_every_run(tmp_path):
     """The code's checkout, not the working directory: a copy of gradexp/ and conf/ in a fresh
     repository, a line changed after its commit, a 2-run sweep launched from elsewhere. Every

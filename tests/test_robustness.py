@@ -21,6 +21,8 @@ from gradexp.analysis.runs import load_runs, read_metrics
 from gradexp.measures import diverged
 from gradexp.train import train
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
+
 # 1200 steps: a SIGTERM sent once 150 rows are on disk lands well before the end (300-450 steps/s
 # here; the poll and the 20-step calls let ~50-150 more steps pass, at 300 steps it was a race)
 STEADY = ["trainer.steps=1200", "trainer.log_every=20", "trainer.eval_every=100",

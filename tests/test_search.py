@@ -13,6 +13,8 @@ import pytest
 from conftest import gradexp
 from gradexp.measures import search_objective, trial_objective
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
+
 # Tiny runs (as tests/test_sweeps.py) at a learning rate where an unclipped run, or one clipped
 # at 100, diverges within 10 steps and one clipped at 0.05 or below does not (seeds 0 and 1).
 TINY = ["trainer.jit_compile=false", "trainer.steps=30", "trainer.log_every=10",

@@ -15,6 +15,7 @@ from conftest import REPO, gradexp
 from gradexp import summarize as S
 from gradexp.analysis.metrics import METRICS
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
 
 def read_csv(path):
     """summary.csv / runs.csv as a user should read them: `null` is a value, not a blank."""

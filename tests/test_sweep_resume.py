@@ -13,8 +13,11 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from conftest import REPO, gradexp
+
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
 
 # deterministic: the tables of a stopped-and-resumed sweep and of a whole one are equal, byte for
 # byte. A signal sent once 40 rows are on disk lands well before step 300 (150-450 steps/s here;
@@ -235,11 +238,11 @@ def test_resume_refuses_bad_input_in_one_line(tmp_path):
 
 
 def test_every_resume_refusal_is_one_line_and_exit_2(tmp_path):
-    """The refusals the README lists, each as the user meets it (one line on stderr, exit 2,
-    nothing started): resume= of a finished run, of a run without a checkpoint, of a run whose
-    process is alive here; a job started in a directory holding another config's run or a live
-    run; resume= of a sweep another sweeper made, of one whose runs are not in <sweep>/<job
-    number>/, of one with a run still going, of one whose run directory another job made."""
+    """The refusals docs/guide/resume.md lists, each as the user meets it (one line on stderr, exit
+    2, nothing started): resume= of a finished run, of a run without a checkpoint, of a run whose
+    process is alive here; a job started in a directory holding another config's run or a live run;
+    resume= of a sweep another sweeper made, of one whose runs are not in <sweep>/<job number>/, of
+    one with a run still going, of one whose run directory another job made."""
     import socket
 
     from omegaconf import OmegaConf

@@ -19,6 +19,8 @@ import pytest
 
 from conftest import REPO, gradexp
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
+
 # Launchers are the subject here, not the step: no XLA compile (~3 s a run) for 20 steps.
 TINY = ["trainer.jit_compile=false", "trainer.steps=20", "trainer.log_every=10",
         "trainer.eval_every=20", "trainer.histogram_every=0", "model.width=8"]

@@ -8,6 +8,8 @@ import pytest
 
 from gradexp import telemetry
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
+
 STEP = ["model.width=16", "trainer.batch_size=32", "clipping=global_norm",
         "clipping.max_norm=5.0"]  # small enough to bite: post < pre
 

@@ -16,6 +16,8 @@ from gradexp.analysis.metrics import run_metrics
 from gradexp.analysis.runs import read_metrics
 from gradexp.train import train
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
+
 LAYERS = ["dense_1", "dense_2", "dense_3"]
 TAGS = ["loss/train", "loss/val", "accuracy/val", "grad_norm/global", "learning_rate",
         *[f"grad_norm/{p}/{w}" for p in LAYERS for w in ("pre", "post")],

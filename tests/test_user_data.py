@@ -70,6 +70,7 @@ def summary_of(run_dir):
 
 
 # ------------------------------------------------------------------------------ dataset=arrays
+@pytest.mark.slow
 def test_a_users_loader_trains_from_the_command_line(user_module):
     result = gradexp("gradexp.train", "dataset=arrays", "dataset.load=my_data:load",
                      "dataset.kwargs.n=300", *SHORT, *SMALL_MLP, "hydra.run.dir=run",
@@ -84,6 +85,7 @@ def test_a_users_loader_trains_from_the_command_line(user_module):
     assert "training mlp on arrays" in (user_module / "run" / "train.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_loader_of_float_targets_gives_a_regression_run(make_cfg, user_module):
     cfg = make_cfg("dataset=arrays", "dataset.load=my_data:load", "dataset.kwargs.n=120",
                    "dataset.kwargs.regression=true", *SHORT, *SMALL_MLP)
@@ -218,6 +220,7 @@ def assert_refused_before_training(result, run_dir, expected):
      "model=cnn: needs image inputs (H, W, C) or sequences (T, F), convolved along T; "
      "dataset=arrays gives vectors (5,)"),
 ])
+@pytest.mark.slow
 def test_bad_input_on_the_command_line_exits_2_in_one_line(user_module, overrides, expected):
     result = gradexp("gradexp.train", "dataset=arrays", *overrides, *SHORT, "hydra.run.dir=run",
                      cwd=user_module)
@@ -263,6 +266,7 @@ def tfds_overrides(data_dir, name="tiny_shapes"):
     return ["dataset=tfds", f"dataset.name={name}", f"dataset.data_dir={data_dir}"]
 
 
+@pytest.mark.slow
 def test_a_prepared_tfds_dataset_trains_from_its_files_alone(tfds_dir, tmp_path):
     """The training process never imports the builder: it reads the prepared files."""
     result = gradexp("gradexp.train", *tfds_overrides(tfds_dir), *SHORT, *SMALL_MLP,
@@ -275,6 +279,7 @@ def test_a_prepared_tfds_dataset_trains_from_its_files_alone(tfds_dir, tmp_path)
     assert "training mlp on tiny_shapes" in (tmp_path / "run" / "train.log").read_text()
 
 
+@pytest.mark.slow
 def test_tfds_images_are_scaled_to_the_unit_interval(make_cfg, tfds_dir):
     a = data.load(make_cfg(*tfds_overrides(tfds_dir)).dataset)
     for x, y, (images, labels) in ((a.x_train, a.y_train, tiny_shapes(160, 0)),
@@ -289,6 +294,7 @@ def test_tfds_images_are_scaled_to_the_unit_interval(make_cfg, tfds_dir):
     assert (len(half.x_train), len(half.x_val)) == (80, 80)
 
 
+@pytest.mark.slow
 def test_a_tfds_name_not_prepared_exits_2_naming_what_data_dir_holds(tfds_dir, tmp_path):
     before = sorted(tfds_dir.rglob("*"))
     result = gradexp("gradexp.train", *tfds_overrides(tfds_dir, "mnist"), *SHORT,

@@ -91,6 +91,7 @@ def test_two_layer_model_forward_unchanged_and_gradient_clipped_as_by_hand(user_
     np.testing.assert_allclose(grad_b.numpy(), [[1.0], [2.0]])  # above the clip: untouched
 
 
+@pytest.mark.slow
 def test_positions_by_name_and_glob_in_model_order(user_dir, make_cfg):
     model = build(make_cfg, "make", "clip=0.1")  # all: every layer with weights but the last
     assert [layer.name for layer in models.clip_layers(model)] == ["clip_dense_a", "clip_dense_b"]
@@ -136,6 +137,7 @@ def test_a_subclassed_model_keeps_its_own_clip_layers(user_dir, make_cfg):
     assert [layer.name for layer in models.clip_layers(model)] == ["clip_hidden"]
 
 
+@pytest.mark.slow
 def test_a_users_model_trains_from_the_command_line(user_dir):
     """Clip layers at two named layers: the run completes and logs both positions."""
     result = gradexp("gradexp.train", "model=keras", "model.build=my_models:make",
@@ -156,6 +158,7 @@ def test_a_users_model_trains_from_the_command_line(user_dir):
     assert not (user_dir / "outputs").exists()  # listing writes no run
 
 
+@pytest.mark.slow
 def test_a_bad_model_build_from_the_command_line_is_one_line_exit_2(user_dir):
     result = gradexp("gradexp.train", "model=keras", "model.build=no_such_module:make",
                      "hydra.run.dir=run", cwd=user_dir)
@@ -167,6 +170,7 @@ def test_a_bad_model_build_from_the_command_line_is_one_line_exit_2(user_dir):
     assert summary["status"] == "failed"  # nothing that looks like a good run
 
 
+@pytest.mark.slow
 def test_any_keras_optimizer_by_name_with_its_arguments(make_cfg):
     from gradexp.optimizers import make_optimizer
 
@@ -186,6 +190,7 @@ def test_any_keras_optimizer_by_name_with_its_arguments(make_cfg):
             make_optimizer(cfg.optimizer, "float32")
 
 
+@pytest.mark.slow
 def test_a_keras_loss_by_name_or_path_and_one_loss_per_example(user_dir, make_cfg):
     """huber (δ = 1) of y = 0, ŷ = 2: δ·(|e| − δ/2) = 1.5; of ŷ = 0.5: e²/2 = 0.125."""
     from gradexp.step import check_loss, task_loss
@@ -214,6 +219,7 @@ def test_a_keras_loss_by_name_or_path_and_one_loss_per_example(user_dir, make_cf
         check_loss(refuses, model, arrays, "mine")
 
 
+@pytest.mark.slow
 def test_the_step_trains_on_the_configured_loss(user_dir, make_cfg):
     """model.loss reaches the step: its validation loss is the Keras loss's mean over the
     validation set; a loss of the wrong shape stops make_step in one line."""

@@ -15,6 +15,8 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
+
 QUICK = ["trainer.steps=60", "trainer.log_every=20", "trainer.eval_every=60",
          "model.kwargs.width=8", "dataset.kwargs.n=600"]
 

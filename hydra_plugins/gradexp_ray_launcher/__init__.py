@@ -1,5 +1,5 @@
 """gradexp's Hydra launcher on Ray: `python -m gradexp.train -m hydra/launcher=ray ...`.
 
 Hydra finds it through the `hydra_plugins` namespace package; see ray_launcher.py for the
-config and README "Sweeps on a Ray cluster" for why gradexp has its own.
+config and docs/guide/clusters.md for why gradexp has its own.
 """

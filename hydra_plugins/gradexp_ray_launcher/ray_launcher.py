@@ -1,6 +1,6 @@
 """`hydra/launcher=ray`: each job of a sweep is one Ray task, in a fresh worker process.
 
-Configured under `hydra.launcher` (conf comments: README "Sweeps on a Ray cluster"):
+Configured under `hydra.launcher` (docs/guide/clusters.md):
 
     address    null: start a Ray runtime on this machine (or join the one RAY_ADDRESS names);
                "auto": the cluster this machine belongs to (`ray start` ran here);

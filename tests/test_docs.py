@@ -1,0 +1,212 @@
+"""The documentation: the site builds with `mkdocs build --strict` (a warning, such as a broken
+link, fails it), the generated pages are what `python -m gradexp.docs_gen` writes today, the
+configuration page lists every key of every schema Hydra knows, the bench's JSON renders as its
+page, and every fenced block of README.md and docs/ is run (tests/test_docs_examples.py) or
+marked not run with its reason (tests/doc_blocks.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import doc_blocks
+from conftest import REPO, gradexp
+
+
+def mkdocs(config: Path, site: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config),
+                           "-d", str(site)], capture_output=True, text=True, timeout=600,
+                          env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin",
+                               "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.slow
+def test_the_site_builds_with_strict_warnings(tmp_path):
+    result = mkdocs(REPO / "mkdocs.yml", tmp_path / "site")
+    assert result.returncode == 0, result.stderr
+    assert "WARNING" not in result.stderr
+    site = tmp_path / "site"
+    api = (site / "reference" / "api" / "index.html").read_text()
+    assert "Telemetry" in api and "load_runs" in api  # mkdocstrings read the docstrings
+    assert (site / "guide" / "tensorboard_bands.png").stat().st_size > 100_000  # the screenshot
+
+
+@pytest.mark.slow
+def test_a_broken_link_fails_the_strict_build(tmp_path):
+    """The same validation settings on a page that links to a page that is not there."""
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    config.update(docs_dir=str(tmp_path / "docs"), nav=["index.md"], plugins=["search"])
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text("# x\n\nSee [the guide](guide/nosuch.md).\n")
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
+    result = mkdocs(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert result.returncode != 0
+    assert "guide/nosuch.md" in result.stderr and "WARNING" in result.stderr
+
+
+def test_the_generated_pages_are_what_the_code_gives_today(tmp_path):
+    result = gradexp("gradexp.docs_gen", "--out", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    from gradexp.docs_gen import GENERATED
+
+    for name in GENERATED:
+        fresh, committed = (tmp_path / name).read_text(), (REPO / "docs" / name).read_text()
+        assert fresh == committed, f"docs/{name} is stale: run `python -m gradexp.docs_gen`"
+
+
+def test_a_changed_default_changes_the_configuration_page():
+    from gradexp import docs_gen
+    from gradexp.config.trainer import TrainerConfig
+
+    page = docs_gen.configuration_page()
+    assert "| `trainer.steps` | `1000` | int |" in page
+    steps = TrainerConfig.__dataclass_fields__["steps"]
+    try:
+        steps.default = 1234
+        changed = docs_gen.configuration_page()
+    finally:
+        steps.default = 1000
+    assert "| `trainer.steps` | `1234` | int |" in changed and changed != page
+    assert docs_gen.configuration_page() == page
+
+
+def sections(page: str) -> dict[str, set[str]]:
+    """The configuration page's keys, by section heading."""
+    out: dict[str, set[str]] = {}
+    for line in page.splitlines():
+        if line.startswith("## "):
+            out[line[3:]] = set()
+        elif line.startswith("| `") and out:
+            out[list(out)[-1]].add(line.split("`")[1])
+    return out
+
+
+def test_the_configuration_page_lists_every_key_of_every_schema_hydra_knows():
+    """Read from Hydra's ConfigStore (what composing a config uses), not from the generator."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import DictConfig, OmegaConf
+
+    import gradexp.config  # noqa: F401  (registers the schemas)
+    import hydra_plugins.gradexp_launcher.gradexp_launcher  # noqa: F401
+    import hydra_plugins.gradexp_ray_launcher.ray_launcher  # noqa: F401
+
+    page = sections((REPO / "docs" / "reference" / "configuration.md").read_text())
+    repo = ConfigStore.instance().repo
+    expected: dict[str, set[str]] = {}
+    root = repo["base_config.yaml"].node
+    groups = {"model", "dataset", "optimizer", "clipping"}
+    expected["Top-level keys"] = {k for k in root if k not in groups
+                                  and not isinstance(root._get_node(k), DictConfig)}
+    for node_name, title in (("layer", "layer: the clip layers"),
+                             ("trainer", "trainer: the training loop")):
+        expected[title] = {f"{node_name}.{k}" for k in root[node_name]}
+    options = 0
+    for entry, stored in repo.items():
+        match = re.fullmatch(r"(model|dataset|optimizer|clipping)_(\w+)_schema\.yaml", entry)
+        if match:
+            group, option = match.groups()
+            expected[f"{group}={option}"] = {f"{group}.{k}" for k in stored.node}
+            options += 1
+    sweeper = repo["search_sweeper_schema.yaml"].node
+    expected["hydra/sweeper=optuna"] = {f"hydra.sweeper.{k}" for k in sweeper if k != "_target_"}
+    for launcher in ("gradexp", "ray"):
+        node = repo["hydra"]["launcher"][f"{launcher}.yaml"].node
+        expected[f"hydra/launcher={launcher}"] = {f"hydra.launcher.{k}" for k in node
+                                                  if k != "_target_"}
+    assert options >= 25  # every option of the four groups
+    assert page == expected
+    assert "resume" in expected["Top-level keys"] and OmegaConf.is_missing(root, "model")
+
+
+@pytest.mark.slow
+def test_the_bench_json_renders_as_its_page(tmp_path):
+    figures = {"vs_keras_fit": 2.5, "vs_keras_fit_min": 2.25, "vs_keras_fit_max": 3.125,
+               "logging_overhead": 1.1, "logging_overhead_min": 1.0, "logging_overhead_max": 1.2,
+               "flop_fraction": 0.66, "steps_per_s_gradexp": 4512.4}
+    (tmp_path / "bench.json").write_text(json.dumps(figures))
+    result = gradexp("gradexp.bench", "--markdown", "bench.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| `")]
+    assert rows[0].startswith("| `vs_keras_fit` | 2.50 (2.25–3.12) | ≥ 1.5 | yes | ")
+    assert rows[1].startswith("| `flop_fraction` | 0.66 |  |  | ")
+    assert rows[2].startswith("| `logging_overhead` | 1.10 (1.00–1.20) | ≤ 1.05 | **no** | ")
+    assert rows[3] == "| `steps_per_s_gradexp` | 4,512 |"
+    assert len(rows) == 4 and list(tmp_path.iterdir()) == [tmp_path / "bench.json"]
+    about = {"about": {"when": "2026-12-05", "on": "2 CPU cores"}, "figures": figures}
+    from gradexp.bench_report import markdown
+
+    page = markdown(about)
+    assert "- **when**: 2026-12-05\n- **on**: 2 CPU cores\n" in page
+    assert page.count("| `vs_keras_fit` |") == 1
+
+
+def test_every_fenced_block_is_run_or_marked_not_run_with_its_reason():
+    found = [block for page in doc_blocks.pages() for block in doc_blocks.blocks(page)]
+    unmarked = [str(block) for block in found if doc_blocks.category(block) is None]
+    assert unmarked == [], "mark each `<!-- not run: REASON -->` or make it runnable"
+    kinds = [doc_blocks.category(block) for block in found]
+    assert kinds.count("run") >= 30 and kinds.count("not run") <= kinds.count("run") // 2
+    assert any(b.page.name == "README.md" and doc_blocks.category(b) == "run" for b in found)
+    # the two example tests together run every page that has a block to run
+    ran = doc_blocks.runnable_pages(sweeps=False) + doc_blocks.runnable_pages(sweeps=True)
+    assert sorted(ran) == sorted({b.page for b in found if doc_blocks.category(b) == "run"})
+    assert all((doc_blocks.REPO / page).is_file() for page in doc_blocks.SWEEP_PAGES)
+
+
+def test_the_block_finder_sorts_blocks_into_their_categories(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("\n".join([
+        "```yaml", "a: 1", "```",                                   # no category
+        "<!-- not run: needs a cluster -->", "", "```bash", "sbatch x", "```",
+        "<!-- not run: -->", "```bash", "echo", "```",              # a reason is required
+        "```bash", "python -m gradexp.train \\", "    clip=0.1  # one run", "```",
+        "<!-- file: my/x.yaml -->", "~~~yaml", "b: 2", "~~~",
+        "- an item:", "", "  ```text", "  indented", "  ```",      # indented: found too
+        "```console", "$ python -m gradexp.train clip=-1", "error: x", "```"]))
+    found = doc_blocks.blocks(page)
+    assert [doc_blocks.category(b) for b in found] == [None, "not run", None, "run", "file",
+                                                       None, "run"]
+    assert [b.line for b in found] == [1, 6, 10, 13, 18, 23, 26]
+    assert doc_blocks.commands(found[3].text) == [["python", "-m", "gradexp.train", "clip=0.1"]]
+    assert found[4].value == "my/x.yaml" and found[4].text == "b: 2"
+    assert found[5].text == "indented"
+    assert doc_blocks.console(found[6].text) == [
+        (["python", "-m", "gradexp.train", "clip=-1"], "error: x")]
+
+
+def test_a_documented_command_runs_small_and_finds_the_sweep_it_names(tmp_path):
+    older, newer = tmp_path / "outputs/multirun/d1/t1", tmp_path / "outputs/multirun/d2/t2"
+    older.mkdir(parents=True)
+    newer.mkdir(parents=True)
+    import os
+
+    os.utime(older, (1, 1))
+    argv = doc_blocks.python_command(
+        ["python", "-m", "gradexp.train", "-m", "clip=null,0.1", "trainer.steps=5"], tmp_path)
+    assert argv[1:] == ["-m", "gradexp.train", "-m", "clip=null,0.1", "trainer.steps=5",
+                        "trainer.log_every=10", "trainer.eval_every=20",
+                        "trainer.histogram_every=20", "trainer.jit_compile=false"]
+    summary = doc_blocks.python_command(
+        ["python", "-m", "gradexp.summarize", "outputs/multirun/<date>/<time>", "--plots"],
+        tmp_path)
+    assert summary[3:] == ["outputs/multirun/d2/t2", "--plots"]
+    with pytest.raises(AssertionError, match="only `python -m gradexp"):
+        doc_blocks.python_command(["tensorboard", "--logdir", "x"], tmp_path)
+    with pytest.raises(AssertionError, match="placeholder"):
+        doc_blocks.python_command(["python", "-m", "gradexp.train", "resume=<run dir>"], tmp_path)
+
+
+def test_the_readme_is_short_and_undated():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", readme)
+    first_screen = "\n".join(readme.splitlines()[:30])
+    assert 'pip install -e ".[dev]" && python -m gradexp.train clip=0.1\npytest\n' in first_screen
+    ci = (REPO / ".ci" / "run").read_text()
+    assert 'pip install -e ".[dev]" && python -m gradexp.train clip=0.1\npytest\n' in ci
