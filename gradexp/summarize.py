@@ -8,7 +8,7 @@ analysis.stats, analysis.compare), print the table and write summary.csv, summar
 (analysis.reports), with --plots the PNGs (analysis.plots, matplotlib) and with --tensorboard
 each setting's mean and 95% band over seeds as TensorBoard runs under summary_tb/
 (analysis.bands_tb, the tensorboard package without TensorFlow); a search's history and best
-value too (analysis.search). Definitions: README, "Summarizing a sweep".
+value too (analysis.search). Definitions: docs/guide/summarizing.md.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m gradexp.summarize",
         description="Compare each setting of a sweep with its unclipped baseline, seed by seed.",
-        epilog="Definitions: README, \"Summarizing a sweep\". Writes summary.csv, summary.md, "
+        epilog="Definitions: docs/guide/summarizing.md. Writes summary.csv, summary.md, "
                "runs.csv.")
     parser.add_argument("dir", type=Path, metavar="DIR",
                         help="a sweep, or any folder holding run directories (recursively)")

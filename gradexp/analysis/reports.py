@@ -183,7 +183,7 @@ def markdown_report(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str
               f"spike minimum rise {settings.spike_min_rise} × first loss, spike score "
               f"{settings.spike_score_sigmas}σ over a rolling window of "
               f"{settings.spike_score_window} steps "
-              "(definitions: README, \"Summarizing a sweep\").", "",
+              "(definitions: docs/guide/summarizing.md).", "",
               "## Groups", "",
               group_table(tidy, keys, baseline).to_markdown(index=False), ""]
     if stable is not None:
