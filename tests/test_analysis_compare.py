@@ -11,9 +11,9 @@ import pytest
 import scipy.stats
 from fake_runs import ending_at, write_run
 
-from gradexp.analysis.compare import _wins, summarize
+from gradexp.analysis.compare import _wins, is_unpaired, summarize
 from gradexp.analysis.metrics import Settings
-from gradexp.analysis.reports import group_table
+from gradexp.analysis.reports import comparison_note, group_table
 from gradexp.analysis.runs import load_runs
 
 pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
@@ -224,3 +224,8 @@ def test_another_model_is_compared_unpaired(tmp_path):
     assert diverged["test"] == "fisher" and diverged["sign_p"] == 1.0  # 0/4 against 0/4
     printed = group_table(tidy, ["model"], {"model": "mlp"}).set_index("model")
     assert "(unpaired, p=" in printed.loc["cnn"].to_string()
+    assert "unpaired; Δ = difference of the means" in comparison_note({"model": "mlp"},
+                                                                       Settings())
+    assert "paired by seed" in comparison_note({"clip": "null"}, Settings())
+    # an experiment preset may choose its own model: unpaired too
+    assert is_unpaired({"experiment": "mnist1d"}) and not is_unpaired({"clip": "null"})

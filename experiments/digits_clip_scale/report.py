@@ -82,6 +82,12 @@ def groups_table(table: pd.DataFrame, tidy: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def span(values: pd.Series) -> str:
+    """`low–high` to two places, or the one value when they are the same."""
+    low, high = f"{values.min():.2f}", f"{values.max():.2f}"
+    return low if low == high else f"{low}–{high}"
+
+
 def answer(table: pd.DataFrame, tidy: pd.DataFrame) -> str:
     def group(clip, scale):
         return table[(table["clip"] == clip) & (table["layer.scale"] == scale)]
@@ -110,15 +116,13 @@ def answer(table: pd.DataFrame, tidy: pd.DataFrame) -> str:
         f"{stalled3['val_accuracy'].max():.2f}."
         f" With the clip layer at ±0.01 or ±0.1, at either scale, all {len(tight)} runs trained: "
         f"{int(tight['diverged'].sum())} diverged, validation accuracy "
-        f"{tight['val_accuracy'].min():.3f}–{tight['val_accuracy'].max():.3f}. ±1 is too loose: "
+        f"{tight['val_accuracy'].min():.3f}–{tight['val_accuracy'].max():.3f}. At ±1, "
         f"at scale 1 it trained on {len(trained1)} of {len(loose1)} seeds as well as the tighter "
-        f"bounds and the rest reached {rest1['val_accuracy'].min():.2f}–"
-        f"{rest1['val_accuracy'].max():.2f}; at scale 3 "
+        f"bounds and the rest reached {span(rest1['val_accuracy'])}; at scale 3 "
         + ("no run diverged" if loose3["diverged"].sum() == 0 else
            f"{int(loose3['diverged'].sum())} diverged")
-        + f" and none trained ({loose3['val_accuracy'].min():.2f}–"
-        f"{loose3['val_accuracy'].max():.2f}). Validation accuracy of the runs that did not "
-        f"diverge, mean [95% interval]: ±0.1 {accuracy('0.1', 1)} at scale 1 and "
+        + f" and none trained ({span(loose3['val_accuracy'])}). Validation accuracy of the "
+        f"runs that did not diverge, mean [95% interval]: ±0.1 {accuracy('0.1', 1)} at scale 1 and "
         f"{accuracy('0.1', 3)} at scale 3, against {accuracy('null', 1)} and "
         f"{accuracy('null', 3)} unclipped.")
 

@@ -39,7 +39,14 @@ from gradexp.analysis.stats import clopper_pearson, interval, sign_test, t_inter
 COUNTS = ("runs", "completed", "diverged", "failed", "incomplete")
 # The summary's rules, each written here once and stated in the report (reports.RULES):
 TIE_RTOL, TIE_ATOL = 1e-6, 1e-8  # |g − b| ≤ atol + rtol·|b| is a tie (float32 keeps ~7 digits)
-STRUCTURE = ("model", "dataset")  # a baseline of another model or dataset: compared unpaired
+# a baseline of another model, dataset or experiment preset (which may choose its own model and
+# dataset): seed s of one is no draw of the other's, so compared unpaired
+STRUCTURE = ("model", "dataset", "experiment")
+
+
+def is_unpaired(baseline: dict[str, str]) -> bool:
+    """Whether groups are compared with `baseline` unpaired (a key of STRUCTURE in it)."""
+    return any(key.split(".")[0] in STRUCTURE for key in baseline)
 WITHOUT_DIVERGED = ("final_loss", "val_loss", "val_accuracy", "mean_loss")  # a diverged run's
 # figures from before its blow-up: it counts in `diverged`, not in these (their n says so)
 # summary.csv, one row per group × metric: the group's keys and label, then these
@@ -157,7 +164,7 @@ def compare(per_seed: pd.DataFrame, keys: list[str],
     stats.insert(0, "better", stats.index.get_level_values("metric").map(DIRECTIONS))
     if not baseline:
         return stats.reset_index()
-    if any(key.split(".")[0] in STRUCTURE for key in baseline):
+    if is_unpaired(baseline):
         return stats.join(unpaired(long, keys, baseline)).reset_index()
     columns = [*keys, SEED_KEY, "metric"]
     partner = long[columns].assign(**baseline).merge(long[[*columns, "value"]], how="left",

@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gradexp.analysis.compare import TIE_ATOL, TIE_RTOL, WITHOUT_DIVERGED
+from gradexp.analysis.compare import TIE_ATOL, TIE_RTOL, WITHOUT_DIVERGED, is_unpaired
 from gradexp.analysis.groups import LR_KEY, group_label, varying_keys
 from gradexp.analysis.metrics import DIRECTIONS, RATES, Settings
 
-RULES = ("Against a baseline of another model or dataset the seeds are not paired: Welch's "
+RULES = ("Against a baseline of another model, dataset or experiment preset the seeds are not "
+         "paired: Welch's "
          "interval, Mann-Whitney's test (Fisher's for a rate). "
          f"Ties: values within {TIE_RTOL:g} relative ({TIE_ATOL:g} absolute) of the baseline's. "
          f"A diverged run counts in `diverged` and is left out of {', '.join(WITHOUT_DIVERGED)} "
@@ -212,6 +213,12 @@ def comparison_note(baseline: dict[str, str], settings: Settings,
     target = (f"target loss {settings.target_loss}" if settings.target_loss is not None else
               "target loss: the worst final loss of the matching baseline group's runs that "
               "did not diverge")
+    if is_unpaired(baseline):
+        return (f"Baseline {setting}: each group against the group with the same other values "
+                f"and {setting}, unpaired; Δ = difference of the means with Welch's 95% "
+                "interval, p of Mann-Whitney's test (Fisher's exact test for a rate), "
+                f"two-sided, and Holm's adjustment across the group's metrics; {target}. "
+                f"{RULES}")
     return (f"Baseline {setting}: each group against the group with the same other values "
             f"and {setting}, paired by seed; Δ = group − baseline, mean ± 95% t interval "
             f"over paired seeds, wins/pairs; diverged: seeds diverged/seeds [exact 95% "
