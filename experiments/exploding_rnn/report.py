@@ -8,6 +8,8 @@ and its end marker is written here, in seconds, with no training.
                    seeds 1–4 (the only evidence beyond it)
     beyond_seed_0  every setting on seed 0 and on seeds 1–4, against the unclipped RNN of the
                    same seeds (two-sided exact sign test)
+    table          every setting against the unclipped runs, seeds 0–4 (table.md's table)
+    wall_time      both sweeps' wall time (table.md's sentence)
     fresh          the test DECLARED.md names, on the fresh seeds 5–14, as fresh.py wrote it
                    (fresh/result.md, from fresh.sh's sweeps)
 
@@ -104,7 +106,15 @@ def blocks() -> dict[str, str]:
     runs = per_run()
     return {"answer": answer(runs),
             "beyond_seed_0": beyond_seed_0(runs).to_markdown(index=False),
-            "fresh": (HERE / "fresh" / "result.md").read_text().strip()}
+            "fresh": (HERE / "fresh" / "result.md").read_text().strip(),
+            **table_md()}
+
+
+def table_md() -> dict[str, str]:
+    """table.md's table and its wall-time sentence, as table.py wrote them."""
+    lines = (HERE / "table.md").read_text().splitlines()
+    return {"table": "\n".join(line for line in lines if line.startswith("|")),
+            "wall_time": next(line for line in lines if line.startswith("Both sweeps"))}
 
 
 if __name__ == "__main__":

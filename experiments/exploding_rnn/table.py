@@ -64,9 +64,9 @@ def median_range(values: pd.Series) -> str:
 
 
 def paired(better: int, worse: int) -> str:
-    """seeds better / worse than the unclipped run of the same seed, exact one-sided sign test
+    """seeds better / worse than the unclipped run of the same seed, exact two-sided sign test
     (ties, both or neither, say nothing)."""
-    return f"{better} / {worse}, {float(sign_test(better, worse, alternative='greater')):.3g}"
+    return f"{better} / {worse}, {float(sign_test(better, worse)):.3g}"
 
 
 def method(run: Run) -> str:
@@ -185,14 +185,14 @@ def main(sweep: Path) -> None:
             "diverge and, at its last evaluation, under 1% of the 4096 held-out sequences have a "
             "squared error above 0.04), exact (Clopper–Pearson) 95% interval. seeds gained / "
             "lost: seeds where this setting learned and the unclipped run did not / the reverse; "
-            "p: exact one-sided sign test on those seeds. learned by step: the first evaluation "
+            "p: exact two-sided sign test on those seeds. learned by step: the first evaluation "
             "(every 200 steps) under 1%, median (range) over the runs that learned. val error "
             "rate: the share of held-out sequences above 0.04 at the last evaluation, mean ± 95% "
             "t half-width over the seeds that did not diverge (predicting the mean sum, 1, "
             "misclassifies 64%). val loss: the held-out mean squared error at the end, likewise "
             "(predicting the mean scores 1/6 ≈ 0.167). diverged: runs that diverged / runs, "
             "exact 95% interval; diverged at step: median (range); seeds saved / lost: seeds "
-            "where the unclipped run diverged and this setting's did not / the reverse, one-sided "
+            "where the unclipped run diverged and this setting's did not / the reverse, two-sided "
             "sign test. spikes / 100 steps: `loss_spikes` over the steps before divergence, "
             "mean ± 95% t half-width over seeds. clipped: the clip layer's share of dy elements "
             "changed, or the share of steps whose parameter gradients the method changed.", ""]
