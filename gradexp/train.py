@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from gradexp import config, provenance, rundir
+from gradexp import config, provenance, rundir, runlock
 from gradexp.grouping import Job
 from gradexp.rundir import write_json
 from gradexp.stopping import exit_status, stop_requests
@@ -46,9 +46,26 @@ LIST_POSITIONS: list = []  # `--positions`: the model's positions are printed, n
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def run(cfg: DictConfig) -> dict:
     """Hydra's task: one run in Hydra's output directory. A crash is recorded in the run's
-    summary.json; a sweep then goes on to its next run, a single run exits non-zero."""
+    summary.json; a sweep then goes on to its next run, a single run exits non-zero. The run's
+    lock (gradexp/runlock.py) is taken before anything in its directory is read, and held."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        runlock.hold(run_dir)
+    except runlock.RunBusy as exc:  # another process writes this run: it is left alone
+        if HydraConfig.get().mode == RunMode.MULTIRUN:  # and the sweep goes on
+            log.error("run not started: %s", exc)
+            return {"status": rundir.BUSY, "error": str(exc)}
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        return run_held(cfg, run_dir)
+    finally:
+        runlock.release(run_dir)
+
+
+def run_held(cfg: DictConfig, run_dir: Path) -> dict:
+    """`run`, its lock held."""
     hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides, resume = list(hydra_cfg.overrides.task), bool(cfg.resume)
     if resume:  # the run goes on with its own config, composed as it was
         overrides = list(OmegaConf.load(run_dir / rundir.OVERRIDES))
@@ -163,7 +180,10 @@ def main() -> None:
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: bool = False) -> dict:
     """Train as `cfg` says, writing into `run_dir` (resume: from its latest checkpoint);
     return the run's summary."""
-    return train_runs([Job(cfg, Path(run_dir), list(overrides))], resume=resume)[0]
+    try:
+        return train_runs([Job(cfg, Path(run_dir), list(overrides))], resume=resume)[0]
+    finally:
+        runlock.release(run_dir)
 
 
 def train_runs(jobs: list[Job], resume: bool = False,
@@ -205,6 +225,8 @@ def train_batch(jobs: list[Job]) -> list[dict]:
             for handler in logger.handlers:
                 handler.close()
             logger.handlers.clear()
+        for job in jobs:
+            runlock.release(job.run_dir)
 
 
 def run_logger(job: Job) -> logging.Logger:
@@ -331,6 +353,7 @@ def start(job: Job, resume: bool = False, arrays=None, free_memory: bool = True,
     from gradexp.step import make_step
 
     cfg, run_dir = job.cfg, job.run_dir
+    runlock.hold(run_dir)  # already held by `run`; a batch's runs take theirs here
     started = time.perf_counter()
     rundir.mark_running(run_dir, job.overrides, OmegaConf.to_container(cfg))
     # the code and package versions first: even a run that fails at once keeps them
