@@ -14,7 +14,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import hydra
@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from gradexp import config, provenance, rundir, runlock
+from gradexp import checkpoint_fallback, config, provenance, rundir, runlock
 from gradexp.grouping import Job
 from gradexp.rundir import write_json
 from gradexp.stopping import exit_status, stop_requests
@@ -340,6 +340,7 @@ class Run:
     first: int  # the step it starts from (a resumed run's checkpoint)
     runlog: object  # gradexp.logs.RunLog
     logger: logging.Logger
+    resumed: dict = field(default_factory=dict)  # a resumed run's checkpoint_fallback record
 
 
 def start(job: Job, resume: bool = False, arrays=None, free_memory: bool = True,
@@ -354,6 +355,10 @@ def start(job: Job, resume: bool = False, arrays=None, free_memory: bool = True,
 
     cfg, run_dir = job.cfg, job.run_dir
     runlock.hold(run_dir)  # already held by `run`; a batch's runs take theirs here
+    resumed = None
+    if resume:  # the newest sound checkpoint; none: fail, or start over if the config says so
+        resumed = checkpoint_fallback.settle(run_dir, cfg.trainer.on_damaged_checkpoint, logger)
+        resume = resumed.step > 0
     started = time.perf_counter()
     rundir.mark_running(run_dir, job.overrides, OmegaConf.to_container(cfg))
     # the code and package versions first: even a run that fails at once keeps them
@@ -364,12 +369,13 @@ def start(job: Job, resume: bool = False, arrays=None, free_memory: bool = True,
     provenance.add_devices(run_dir, record, devices.describe(where, cfg.strategy, strategy))
     arrays = data.load(cfg.dataset) if arrays is None else arrays
     step = make_step(cfg, arrays, strategy)
-    state = RunState(run_dir, step, strategy)
+    state = RunState(run_dir, step, strategy, cfg.trainer.keep_checkpoints)
     first = state.restore() if resume else 0
     runlog = RunLog(run_dir, list(step.names), cfg, start_step=first, val_names=step.val_names,
                     telemetry=step.telemetry)
     return Run(cfg, run_dir, list(job.overrides), started, where, strategy, step, state, arrays,
-               data.validation_set(arrays), first, runlog, logger)
+               data.validation_set(arrays), first, runlog, logger,
+               resumed.record() if resumed else {})
 
 
 def finish(run: Run, result: LoopResult, batch: dict | None = None) -> dict:
@@ -379,6 +385,7 @@ def finish(run: Run, result: LoopResult, batch: dict | None = None) -> dict:
     summary = run_summary(result, run.cfg, run.overrides, run.where,
                           time.perf_counter() - run.started)
     summary["data"] = run.arrays.record()
+    summary.update(run.resumed)
     if batch is not None:
         summary["batch"] = batch
     run.runlog.close(result.step, final_metrics(summary))

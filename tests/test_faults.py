@@ -76,3 +76,82 @@ def test_two_resumes_at_once_one_trains_and_the_other_exits_in_one_line(tmp_path
     assert summary_of(run_dir)["status"] == "completed"
     assert (run_dir / "metrics.csv").read_bytes() == (uninterrupted / "metrics.csv").read_bytes()
 
+
+# 2. A checkpoint to fall back on
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    return sorted(int(p.name[len("step-"):-len(".index")])
+                  for p in (run_dir / "checkpoints").glob("step-*.index"))
+
+
+def cut_short(run_dir: Path, step: int) -> None:
+    """A checkpoint's data file cut to half its length, as a full disk or a crashed network
+    filesystem leaves it."""
+    (data,) = (run_dir / "checkpoints").glob(f"step-{step}.data-*")
+    data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
+
+
+def test_a_truncated_newest_checkpoint_is_skipped_and_the_previous_one_used(tmp_path, killed,
+                                                                            uninterrupted):
+    """The run keeps its last two checkpoints; with the newest cut short, `resume=` says so in
+    one line, resumes from the previous one, and its summary says which step it resumed from
+    and which it skipped; the finished table is an uninterrupted run's, byte for byte."""
+    run_dir = copy_of(killed, tmp_path)
+    previous, newest = checkpoint_steps(run_dir)
+    assert newest - previous == 100
+    cut_short(run_dir, newest)
+    result = gradexp("gradexp.train", f"resume={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stdout.splitlines() if "damaged" in line]
+    assert len(said) == 1 and f"step-{newest} (IndexError: Read less bytes" in said[0], said
+    assert said[0].endswith(f"resuming from step-{previous}")
+    assert f"resuming at step {previous}:" in result.stdout
+    assert said[0] in (run_dir / "train.log").read_text()  # the run's own log says it too
+    summary = summary_of(run_dir)
+    assert summary["status"] == "completed" and summary["resumed_from"] == previous
+    assert [s["step"] for s in summary["checkpoints_skipped"]] == [newest]
+    assert summary["checkpoints_skipped"][0]["error"].startswith("IndexError")
+    assert (run_dir / "metrics.csv").read_bytes() == (uninterrupted / "metrics.csv").read_bytes()
+    assert checkpoint_steps(run_dir) == [1100, 1200]  # two kept; the damaged one set aside
+    assert (run_dir / "checkpoints" / "damaged" / f"step-{newest}.index").is_file()
+
+
+def test_every_checkpoint_damaged_is_one_line_and_nothing_trains(tmp_path, killed):
+    run_dir = copy_of(killed, tmp_path)
+    table = (run_dir / "metrics.csv").read_bytes()
+    for step in checkpoint_steps(run_dir):
+        cut_short(run_dir, step)
+    result = gradexp("gradexp.train", f"resume={run_dir}", cwd=tmp_path)
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert line.startswith(f"error: {run_dir}: every checkpoint is damaged: step-"), line
+    assert "trainer.on_damaged_checkpoint=restart" in line and "resuming" not in result.stdout
+    summary = summary_of(run_dir)
+    assert summary["status"] == "failed" and "every checkpoint is damaged" in summary["error"]
+    assert (run_dir / "metrics.csv").read_bytes() == table  # nothing trained, nothing cut
+
+
+def test_a_run_asked_to_restart_when_every_checkpoint_is_damaged_starts_over(make_cfg,
+                                                                             tmp_path):
+    """trainer.on_damaged_checkpoint=restart: a run whose every checkpoint is damaged is
+    cleared and trains from step 0; its table is then an uninterrupted run's."""
+    from gradexp.train import train
+
+    cfg = make_cfg("trainer.steps=40", "trainer.log_every=10", "trainer.eval_every=20",
+                   "trainer.histogram_every=0", "trainer.checkpoint_every=10", "model.width=8",
+                   "trainer.jit_compile=false", "deterministic=true",
+                   "trainer.on_damaged_checkpoint=restart")
+    whole, run_dir = tmp_path / "whole", tmp_path / "run"
+    whole.mkdir(), run_dir.mkdir()
+    train(cfg, whole)
+    train(cfg, run_dir)
+    assert checkpoint_steps(run_dir) == [30, 40]  # trainer.keep_checkpoints=2
+    for step in (30, 40):
+        cut_short(run_dir, step)
+    summary = train(cfg, run_dir, resume=True)
+    assert summary["status"] == "completed" and summary["resumed_from"] == 0
+    assert [s["step"] for s in summary["checkpoints_skipped"]] == [40, 30]
+    assert (run_dir / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
+    assert not (run_dir / "checkpoints" / "damaged").exists()  # cleared with the rest
+
