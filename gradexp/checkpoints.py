@@ -10,6 +10,7 @@ from pathlib import Path
 
 from gradexp._tf import tf
 from gradexp.rundir import CHECKPOINTS
+from gradexp.write_errors import writing
 
 
 class RunState:
@@ -29,7 +30,8 @@ class RunState:
 
     def save(self, step: int) -> None:
         if self.saved_step() != step:
-            self.manager.save(checkpoint_number=step)
+            with writing("the checkpoint", self.manager.directory, step):  # a full disk: a line
+                self.manager.save(checkpoint_number=step)
 
     def saved_step(self) -> int | None:
         latest = self.manager.latest_checkpoint

@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from gradexp import checkpoint_fallback, config, provenance, rundir, runlock
+from gradexp import checkpoint_fallback, config, provenance, rundir, runlock, write_errors
 from gradexp.grouping import Job
 from gradexp.rundir import write_json
 from gradexp.stopping import exit_status, stop_requests
@@ -98,7 +98,7 @@ def run_held(cfg: DictConfig, run_dir: Path) -> dict:
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(write_errors.EXIT_STATUS if write_errors.explain(exc) else 2) from None
     if summary["status"] == rundir.INTERRUPTED:  # asked to stop: so does a sweep, after this run
         stopped_by = signal.Signals[summary["stopped_by"]]
         scheduler = signal.getsignal(stopped_by)
@@ -110,11 +110,18 @@ def run_held(cfg: DictConfig, run_dir: Path) -> dict:
 
 def record_failure(exc: Exception, job: Job) -> str | None:
     """Record a run's crash in its summary.json; return the one-line explanation of bad input
-    found late (e.g. a dataset file missing), None for a bug."""
-    write_json(job.run_dir / rundir.SUMMARY, {
-        "status": rundir.FAILED, "error": f"{type(exc).__name__}: {exc}",
-        "config": OmegaConf.to_container(job.cfg), "overrides": list(job.overrides)})
-    return config.explain(exc)
+    found late (e.g. a dataset file missing) or of a write that failed (a full disk), None for
+    a bug."""
+    message = config.explain(exc) or write_errors.explain(exc)
+    try:
+        write_json(job.run_dir / rundir.SUMMARY, {
+            "status": rundir.FAILED, "error": f"{type(exc).__name__}: {exc}",
+            "config": OmegaConf.to_container(job.cfg), "overrides": list(job.overrides)})
+    except OSError as unwritten:  # the full disk that failed the run takes no summary either
+        if message is None or write_errors.reason(unwritten) is None:
+            raise
+        message += f" ({rundir.SUMMARY} not written: {write_errors.reason(unwritten)})"
+    return message
 
 
 def failed(exc: Exception, job: Job, logger: logging.Logger = log) -> dict:
@@ -157,6 +164,7 @@ def main() -> None:
     from gradexp import resume, worker
 
     user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
+    logging.raiseExceptions = False  # a log file on a full disk: our one line, not a traceback
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us unprinted
     try:
         sweep_dir = resume.sweep_to_resume(sys.argv[1:])

@@ -4,14 +4,20 @@ closes the pipe. docs/guide/faults.md says what gradexp promises for each."""
 
 from __future__ import annotations
 
+import os
+import re
+import resource
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from test_robustness import STEADY, start, summary_of, wait_for_rows
 
-from conftest import gradexp
+from conftest import REPO, gradexp
 
 
 @pytest.fixture(scope="module")
@@ -154,4 +160,106 @@ def test_a_run_asked_to_restart_when_every_checkpoint_is_damaged_starts_over(mak
     assert [s["step"] for s in summary["checkpoints_skipped"]] == [40, 30]
     assert (run_dir / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
     assert not (run_dir / "checkpoints" / "damaged").exists()  # cleared with the rest
+
+
+# 3. A full disk, in one line
+
+
+def limited(limit: int):
+    """A preexec_fn: files the process writes may grow to `limit` bytes (RLIMIT_FSIZE), and a
+    write past it fails with EFBIG (SIGXFSZ ignored), as on a filesystem that has filled up."""
+
+    def preexec():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return preexec
+
+
+def on_a_full_disk(limit: int, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", "gradexp.train", *args], cwd=cwd, env=env,
+                          text=True, capture_output=True, timeout=600, preexec_fn=limited(limit))
+
+
+FILLS_UP = ["trainer.steps=1000", "trainer.log_every=20", "trainer.eval_every=100",
+            "trainer.histogram_every=0", "trainer.checkpoint_every=100", "model.width=16"]
+
+
+def test_an_event_file_that_fills_the_disk_fails_the_run_in_one_line(tmp_path):
+    """The event file outgrows the filesystem first (60 kB here: near step 100 of 1000): the run
+    ends with exit 1, one line naming the file, its directory and the step, status failed."""
+    result = on_a_full_disk(60_000, tmp_path, *FILLS_UP)
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    assert result.returncode == 1, result.stderr
+    line = one_line(result.stderr)
+    found = re.fullmatch(rf"error: cannot write the event file \(events\.out\.tfevents\.[^)]+\) "
+                         rf"in {re.escape(str(run_dir))} at step (\d+): File too large", line)
+    assert found, line
+    step = int(found.group(1))
+    assert 0 < step < 1000 and step % 20 == 0
+    summary = summary_of(run_dir)
+    assert summary["status"] == "failed" and summary["error"] == f"WriteFailed: {line[7:]}"
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_checkpoint_that_fills_the_disk_fails_the_run_in_one_line(tmp_path):
+    """A wide model's checkpoint (~200 kB) is the first file past 100 kB: its save at step 100
+    fails; one line, exit 1, status failed, no checkpoint committed."""
+    result = on_a_full_disk(100_000, tmp_path, *FILLS_UP, "model.width=256")
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    assert result.returncode == 1, result.stderr
+    line = one_line(result.stderr)
+    assert re.fullmatch(rf"error: cannot write the checkpoint \(step-100_temp/[^)]+\) in "
+                        rf"{re.escape(str(run_dir / 'checkpoints'))} at step 100: File too large",
+                        line), line
+    assert summary_of(run_dir)["status"] == "failed"
+    assert not list((run_dir / "checkpoints").glob("step-*.index"))
+
+
+def test_a_table_on_a_full_device_fails_in_one_line_and_the_next_run_writes(make_cfg, tmp_path):
+    """metrics.csv on a device that is full (/dev/full: every write fails with ENOSPC): the
+    writer thread's error comes back once, as one line naming the table, the run and the step
+    of its first failed write; the failed run's later writes are dropped, so a run after it in
+    the same process writes its own."""
+    import numpy as np
+
+    from gradexp import logs
+    from gradexp.write_errors import WriteFailed
+
+    cfg, names = make_cfg(), ["loss/train", "grad_norm/global"]
+    (tmp_path / "full").mkdir()
+    full = logs.RunLog(tmp_path / "full", names, cfg)
+    full._table_file.close()
+    full._table_file = open("/dev/full", "w")  # the table's file, now on a full device
+    full.steps(np.arange(1, 6), np.ones((5, 2), np.float32), None)
+    full.steps(np.arange(6, 11), np.ones((5, 2), np.float32), None)
+    with pytest.raises(WriteFailed) as failed:
+        logs.flush()
+    full.events.close()
+    assert str(failed.value) == (f"cannot write metrics.csv in {tmp_path / 'full'} at step 5: "
+                                 "No space left on device")
+    (tmp_path / "next").mkdir()
+    after = logs.RunLog(tmp_path / "next", names, cfg)
+    after.steps(np.arange(1, 3), np.full((2, 2), 0.5, np.float32), None)
+    after.close(2, {})
+    assert (tmp_path / "next" / "metrics.csv").read_text().splitlines()[1:] == [
+        "1,0.5,0.5,,", "2,0.5,0.5,,"]
+
+
+def test_a_sweep_on_a_full_disk_goes_on_to_its_other_runs(tmp_path):
+    """Three runs on a filesystem that fills up: the long one fails in one line, the two short
+    ones complete, the sweep says which did not finish and exits 1."""
+    result = on_a_full_disk(60_000, tmp_path, "-m", *FILLS_UP, "trainer.steps=40,1000,60",
+                            "hydra.sweep.dir=sweep")
+    assert result.returncode == 1, result.stderr
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output
+    (line,) = [line for line in output.splitlines() if "cannot write" in line]
+    assert line.startswith("run failed: cannot write the event file") and "/sweep/1" in line
+    statuses = {n: summary_of(tmp_path / "sweep" / n)["status"] for n in ("0", "1", "2")}
+    assert statuses == {"0": "completed", "1": "failed", "2": "completed"}
+    assert "runs that did not finish: 1" in result.stdout
+    assert summary_of(tmp_path / "sweep" / "2")["steps"] == 60
 
