@@ -263,3 +263,192 @@ def test_a_sweep_on_a_full_disk_goes_on_to_its_other_runs(tmp_path):
     assert "runs that did not finish: 1" in result.stdout
     assert summary_of(tmp_path / "sweep" / "2")["steps"] == 60
 
+
+# 4. Launcher and sweeper settings, checked up front
+
+# (command line, the one line's start): the keys every launcher and sweeper is asked for most,
+# each through the real entry point
+AT_THE_COMMAND_LINE = [
+    (["hydra/launcher=gradexp", "hydra.launcher.workers=0"], "hydra.launcher.workers=0"),
+    (["hydra/launcher=gradexp", "hydra.launcher.workers=2", "hydra.launcher.max_batch=0"],
+     "hydra.launcher.max_batch=0"),
+    (["hydra/launcher=ray", "hydra.launcher.num_cpus=-1"], "hydra.launcher.num_cpus=-1.0"),
+    (["hydra/launcher=ray", "hydra.launcher.num_gpus=-0.5"], "hydra.launcher.num_gpus=-0.5"),
+    (["hydra/launcher=ray", "hydra.launcher.max_calls=-1"], "hydra.launcher.max_calls=-1"),
+    (["hydra/launcher=ray", "hydra.launcher.address=nowhere"], "hydra.launcher.address=nowhere"),
+    (["hydra/launcher=joblib", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs=0"),
+    (["hydra/launcher=joblib", "hydra.launcher.timeout=-1"], "hydra.launcher.timeout=-1.0"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=0"],
+     "hydra.launcher.timeout_min=0"),
+    (["hydra/launcher=slurm", "hydra.launcher.partition=gpu queue"],
+     "hydra.launcher.partition=gpu queue"),
+    (["hydra/launcher=slurm", "hydra.launcher.mem_per_cpu=4G"],
+     "hydra.launcher.mem_gb=16, hydra.launcher.mem_per_cpu=4G"),
+    (["hydra.sweeper.max_batch_size=0"], "hydra.sweeper.max_batch_size=0"),
+    (["hydra/sweeper=optuna", "+search=clip_threshold", "hydra.sweeper.n_trials=0"],
+     "hydra.sweeper.n_trials=0"),
+    (["hydra/sweeper=optuna", "+search=clip_threshold", "hydra.sweeper.n_jobs=-2"],
+     "hydra.sweeper.n_jobs=-2"),
+]
+
+
+def processes_marked(mark: str) -> list[str]:
+    """The processes whose environment holds `mark` (this test's children and theirs)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark.encode() in environ.read_bytes():
+                found.append(environ.parent.name)
+        except OSError:  # gone, or not ours to read
+            pass
+    return found
+
+
+@pytest.mark.parametrize(("arguments", "key"), AT_THE_COMMAND_LINE,
+                         ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_a_bad_launcher_or_sweeper_setting_is_one_line_exit_2_and_nothing_starts(
+        tmp_path, monkeypatch, arguments, key):
+    import uuid
+
+    mark = f"GRADEXP_TEST_{uuid.uuid4().hex}"
+    monkeypatch.setenv(mark, "1")  # inherited by whatever the sweep starts: found in /proc
+    result = gradexp("gradexp.train", "-m", *arguments, "trainer.steps=10", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert one_line(result.stderr).startswith(f"error: {key}: "), result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert list(tmp_path.iterdir()) == []  # no sweep directory, no run
+    deadline = time.monotonic() + 10
+    while processes_marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_marked(mark) == []  # no worker, Ray node or job left behind
+
+
+# every other key of each plugin gradexp ships or supports: (overrides, the one line)
+EVERY_KEY = [
+    (["hydra/launcher=ray", "hydra.launcher.address=ray://head"],
+     "hydra.launcher.address=ray://head: must be null (a local Ray), auto, host:port or "
+     "ray://host:port"),
+    (["hydra/launcher=ray", "+hydra.launcher.init={num_cpus: -1}"],
+     "hydra.launcher.init.num_cpus=-1: must be an integer >= 0, or null (what the machine has)"),
+    (["hydra/launcher=ray", "+hydra.launcher.init={num_cpu: 2}"],
+     "hydra.launcher.init.num_cpu=2: not an argument of ray.init; allowed: address, num_cpus,"),
+    (["hydra/launcher=joblib", "hydra.launcher.backend=dask"],
+     "hydra.launcher.backend=dask: must be one of null, loky, multiprocessing, sequential, "
+     "threading"),
+    (["hydra/launcher=joblib", "hydra.launcher.prefer=gpus"],
+     "hydra.launcher.prefer=gpus: must be one of processes, threads"),
+    (["hydra/launcher=joblib", "hydra.launcher.require=lock"],
+     "hydra.launcher.require=lock: must be one of null, sharedmem"),
+    (["hydra/launcher=joblib", "hydra.launcher.verbose=-1"],
+     "hydra.launcher.verbose=-1: must be an integer >= 0"),
+    (["hydra/launcher=joblib", "hydra.launcher.pre_dispatch=n_jobs+"],
+     "hydra.launcher.pre_dispatch=n_jobs+: must be all, a positive integer, or an expression "
+     "such as 2*n_jobs"),
+    (["hydra/launcher=joblib", "hydra.launcher.batch_size=0"],
+     "hydra.launcher.batch_size=0: must be auto or a positive integer"),
+    (["hydra/launcher=joblib", "hydra.launcher.temp_folder=' '"],
+     "hydra.launcher.temp_folder= : must be a directory path, or null (the system's)"),
+    (["hydra/launcher=joblib", "hydra.launcher.max_nbytes=1Q"],
+     "hydra.launcher.max_nbytes=1Q: must be a size such as 1M (K, M, G), or null"),
+    (["hydra/launcher=joblib", "hydra.launcher.mmap_mode=rw"],
+     "hydra.launcher.mmap_mode=rw: must be one of r+, r, w+, c"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.submitit_folder=''"],
+     "hydra.launcher.submitit_folder=: must be a directory path (%j: the job id)"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=0"],
+     "hydra.launcher.cpus_per_task=0: must be an integer >= 1, or null (the scheduler's "
+     "default)"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.gpus_per_node=-1"],
+     "hydra.launcher.gpus_per_node=-1: must be an integer >= 0, or null"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=0"],
+     "hydra.launcher.tasks_per_node=0: must be an integer >= 1"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.mem_gb=-4"],
+     "hydra.launcher.mem_gb=-4: must be an integer >= 0 (0: all of a node's memory)"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.nodes=0"],
+     "hydra.launcher.nodes=0: must be an integer >= 1"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.name=''"],
+     "hydra.launcher.name=: must be a job name"),
+    (["hydra/launcher=slurm", "hydra.launcher.timeout_min=0"],
+     "hydra.launcher.timeout_min=0: must be an integer >= 1"),
+    (["hydra/launcher=slurm", "hydra.launcher.qos=high prio"],
+     "hydra.launcher.qos=high prio: must be a QOS name, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.account=' '"],
+     "hydra.launcher.account= : must be an account name, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.comment=''"],
+     "hydra.launcher.comment=: must be a comment, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.constraint=''"],
+     "hydra.launcher.constraint=: must be a feature constraint, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.exclude='node1, node2'"],
+     "hydra.launcher.exclude=node1, node2: must be node names (comma-separated), or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.gres='gpu 2'"],
+     "hydra.launcher.gres=gpu 2: must be a generic resource such as gpu:2, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.cpus_per_gpu=0"],
+     "hydra.launcher.cpus_per_gpu=0: must be an integer >= 1, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.gpus_per_task=0"],
+     "hydra.launcher.gpus_per_task=0: must be an integer >= 1, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.mem_gb=null", "hydra.launcher.mem_per_gpu=lots"],
+     "hydra.launcher.mem_per_gpu=lots: must be a size such as 16G, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.mem_gb=null", "hydra.launcher.mem_per_cpu=4 G"],
+     "hydra.launcher.mem_per_cpu=4 G: must be a size such as 4G, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.signal_delay_s=3600"],
+     "hydra.launcher.signal_delay_s=3600: must be less than the time limit, "
+     "hydra.launcher.timeout_min=60 minutes (3600 s)"),
+    (["hydra/launcher=slurm", "hydra.launcher.max_num_timeout=-1"],
+     "hydra.launcher.max_num_timeout=-1: must be an integer >= 0"),
+    (["hydra/launcher=slurm", "hydra.launcher.array_parallelism=0"],
+     "hydra.launcher.array_parallelism=0: must be an integer >= 1"),
+    (["hydra/sweeper=optuna", "hydra.sweeper.sampler_seed=-1"],
+     "hydra.sweeper.sampler_seed=-1: must be an integer in [0, 2**32 - 1], or null"),
+]
+
+
+def composed_with_hydra(*overrides: str):
+    """The sweep's whole config, its hydra node too, as the entry point composes it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import gradexp.config  # noqa: F401  (the schemas in Hydra's ConfigStore)
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+            return compose("config", overrides=list(overrides), return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize(("overrides", "message"), EVERY_KEY,
+                         ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_every_launcher_and_sweeper_key_is_checked_in_one_line(overrides, message):
+    from gradexp.config import ConfigError
+    from gradexp.config.plugins import check_plugins
+
+    with pytest.raises(ConfigError) as refused:
+        check_plugins(composed_with_hydra(*overrides))
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+# keys only Hydra's type check needs (a flag, shell lines, a mapping passed on as it is), the
+# Ray launcher's `init` (checked against ray.init's arguments), and the search's own, checked
+# with its space (gradexp/search/space.py)
+TYPE_ONLY = {"_target_", "stderr_to_stdout", "additional_parameters", "setup", "init", "params"}
+SEARCH_ONLY = {"n_trials", "n_jobs", "objective", "sampler", "enqueue"}
+
+
+@pytest.mark.parametrize("choice", ["hydra/launcher=basic", "hydra/launcher=gradexp",
+                                    "hydra/launcher=ray", "hydra/launcher=joblib",
+                                    "hydra/launcher=submitit_local",
+                                    "hydra/launcher=submitit_slurm", "hydra/launcher=slurm",
+                                    "hydra/sweeper=basic", "hydra/sweeper=gradexp_resume",
+                                    "hydra/sweeper=optuna"])
+def test_each_plugins_defaults_pass_and_each_of_its_keys_has_a_rule(choice):
+    """No plugin's own defaults are refused (gradexp's slurm.yaml's neither), and every key of
+    its schema has a rule, or needs none (TYPE_ONLY)."""
+    from gradexp.config.plugins import LAUNCHERS, SWEEPERS, check_plugins
+
+    cfg = composed_with_hydra(choice)
+    check_plugins(cfg)
+    node = cfg.hydra.launcher if choice.startswith("hydra/launcher") else cfg.hydra.sweeper
+    rules = {**LAUNCHERS, **SWEEPERS}.get(node._target_, {})
+    own = SEARCH_ONLY if choice == "hydra/sweeper=optuna" else set()
+    assert set(node) - TYPE_ONLY - own == set(rules), node._target_
+
