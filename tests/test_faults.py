@@ -452,3 +452,29 @@ def test_each_plugins_defaults_pass_and_each_of_its_keys_has_a_rule(choice):
     own = SEARCH_ONLY if choice == "hydra/sweeper=optuna" else set()
     assert set(node) - TYPE_ONLY - own == set(rules), node._target_
 
+
+# 5. A reader that stops early
+
+
+def test_summarize_piped_into_head_ends_quietly(tmp_path):
+    """`python -m gradexp.summarize DIR | head -n 1`, as a shell runs it: the tables of 40
+    settings (~16 kB, past stdout's 8 kB buffer) are still being written when head has its line
+    and closes the pipe; summarize ends with status 0 and no traceback, its files written."""
+    from fake_runs import ending_at, write_run
+
+    clips = ["null"] + [f"{0.01 * k:.2f}" for k in range(1, 40)]
+    for i, clip in enumerate(clips):
+        for seed in range(2):
+            write_run(tmp_path / "sweep" / f"{clip}_{seed}", [f"clip={clip}", f"seed={seed}"],
+                      ending_at(1.0 + 0.01 * i + seed))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    piped = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m gradexp.summarize sweep | head -n 1; '
+                       'echo "summarize exited ${PIPESTATUS[0]}" >&2'],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    whole = subprocess.run([sys.executable, "-m", "gradexp.summarize", "sweep"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert len(whole.stdout.encode()) > 12_000 and whole.returncode == 0
+    assert piped.stdout == whole.stdout.splitlines(keepends=True)[0]
+    assert piped.stderr == "summarize exited 0\n"  # nothing else: no BrokenPipeError
+    assert (tmp_path / "sweep" / "summary.csv").is_file()
