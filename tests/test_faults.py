@@ -9,6 +9,7 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -81,6 +82,36 @@ def test_two_resumes_at_once_one_trains_and_the_other_exits_in_one_line(tmp_path
     assert "resuming at step" in outputs[winner.pid][0] and "resuming" not in out
     assert summary_of(run_dir)["status"] == "completed"
     assert (run_dir / "metrics.csv").read_bytes() == (uninterrupted / "metrics.csv").read_bytes()
+
+
+def test_the_lock_is_held_while_a_run_trains_and_let_go_when_it_ends(make_cfg, tmp_path):
+    """Another process cannot take a held run's lock and is told who holds it; once the run
+    has ended (here, in this process) it can; letting go of a lock not held does nothing."""
+    from gradexp import runlock
+    from gradexp.train import train
+
+    def other_process_takes(run_dir: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", "import sys; from gradexp import runlock; "
+                               f"runlock.hold({str(run_dir)!r}); print('taken')"],
+                              cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    runlock.hold(tmp_path)
+    runlock.hold(tmp_path)  # again, by the same process: it holds it already
+    refused = other_process_takes(tmp_path)
+    assert refused.returncode == 1 and "taken" not in refused.stdout
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"gradexp.runlock.RunBusy: {tmp_path}: the run is held by another process (pid "
+        f"{os.getpid()} on {socket.gethostname()}); a run has one writer: wait for it to end, "
+        "or stop it first")
+    runlock.release(tmp_path)
+    runlock.release(tmp_path)
+    assert other_process_takes(tmp_path).stdout == "taken\n"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    train(make_cfg("trainer.steps=2", "trainer.log_every=1", "trainer.eval_every=2",
+                   "trainer.histogram_every=0", "model.width=4", "trainer.jit_compile=false"),
+          run_dir)
+    assert other_process_takes(run_dir).stdout == "taken\n"  # the run let it go
 
 
 # 2. A checkpoint to fall back on
