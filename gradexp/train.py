@@ -98,7 +98,8 @@ def run_held(cfg: DictConfig, run_dir: Path) -> dict:
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(write_errors.EXIT_STATUS if write_errors.explain(exc) else 2) from None
+        unwritten = write_errors.explain(exc, job.run_dir)
+        raise SystemExit(write_errors.EXIT_STATUS if unwritten else 2) from None
     if summary["status"] == rundir.INTERRUPTED:  # asked to stop: so does a sweep, after this run
         stopped_by = signal.Signals[summary["stopped_by"]]
         scheduler = signal.getsignal(stopped_by)
@@ -112,7 +113,7 @@ def record_failure(exc: Exception, job: Job) -> str | None:
     """Record a run's crash in its summary.json; return the one-line explanation of bad input
     found late (e.g. a dataset file missing) or of a write that failed (a full disk), None for
     a bug."""
-    message = config.explain(exc) or write_errors.explain(exc)
+    message = config.explain(exc) or write_errors.explain(exc, job.run_dir)
     try:
         write_json(job.run_dir / rundir.SUMMARY, {
             "status": rundir.FAILED, "error": f"{type(exc).__name__}: {exc}",

@@ -66,10 +66,18 @@ def writing(what: str, where: Path | str, step: int, tensorflow: str | None = No
         raise WriteFailed(f"cannot write {what} in {where} at step {step}: {why}") from None
 
 
-def explain(exc: BaseException) -> str | None:
-    """The one line of a run that could not write (a write outside `writing`, such as
-    summary.json's, names the file); None for any other error."""
+def explain(exc: BaseException, run_dir: Path | str | None = None) -> str | None:
+    """The one line of a run that could not write; None for any other error. Outside
+    `writing`, only a Python write is taken for one (summary.json's, the table's first open):
+    a full filesystem anywhere, a permission refused in `run_dir`; not TensorFlow's errors,
+    whose ResourceExhaustedError is also an out-of-memory, nor a file the run only reads."""
     if isinstance(exc, WriteFailed):
         return str(exc)
-    why = reason(exc)
-    return None if why is None else f"cannot write: {why}"
+    if not isinstance(exc, OSError) or exc.errno not in ERRNOS:
+        return None
+    refused = exc.errno in (errno.EACCES, errno.EPERM)
+    if refused and not (run_dir and exc.filename
+                        and Path(os.path.abspath(exc.filename)).is_relative_to(
+                            os.path.abspath(run_dir))):
+        return None
+    return f"cannot write: {reason(exc)}"

@@ -126,6 +126,7 @@ GROUPS = {
               "the_run_uses",
               "tests/test_faults.py::test_a_table_on_a_full_device_fails_in_one_line_and_the_"
               "next_run_writes",
+              "tests/test_faults.py::test_only_a_write_that_failed_is_called_one",
               "tests/test_faults.py::test_a_run_asked_to_restart_when_every_checkpoint_is_"
               "damaged_starts_over"]),
     "models": (["gradexp/models.py"],

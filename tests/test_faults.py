@@ -279,6 +279,31 @@ def test_a_table_on_a_full_device_fails_in_one_line_and_the_next_run_writes(make
         "1,0.5,0.5,,", "2,0.5,0.5,,"]
 
 
+def test_only_a_write_that_failed_is_called_one(tmp_path):
+    """A full filesystem anywhere, or a permission refused in the run's directory, is a write
+    that failed; TensorFlow's out-of-memory (also a ResourceExhaustedError) outside a write, a
+    dataset file the run may not read, and other errors are left as they are (None)."""
+    import errno
+
+    from gradexp._tf import tf
+    from gradexp.write_errors import WriteFailed, explain, writing
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "summary.json.tmp"))
+    assert explain(full) == f"cannot write: No space left on device ({full.filename})"
+    refused = PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "metrics.csv"))
+    assert explain(refused, tmp_path) == f"cannot write: Permission denied ({refused.filename})"
+    unreadable = PermissionError(errno.EACCES, "Permission denied", "/data/train.npz")
+    oom = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+    assert [explain(e, tmp_path) for e in (unreadable, oom, ValueError("x"))] == [None] * 3
+    with pytest.raises(WriteFailed, match=rf"^cannot write the checkpoint in {tmp_path} at step "
+                                          r"7: OOM when allocating tensor$"):
+        with writing("the checkpoint", tmp_path, 7):  # within a write, it is the write's
+            raise oom
+    with pytest.raises(KeyError):
+        with writing("the checkpoint", tmp_path, 7):
+            raise KeyError("a bug stays a bug")
+
+
 def test_a_sweep_on_a_full_disk_goes_on_to_its_other_runs(tmp_path):
     """Three runs on a filesystem that fills up: the long one fails in one line, the two short
     ones complete, the sweep says which did not finish and exits 1."""
