@@ -85,14 +85,13 @@ def settle(run_dir: Path, on_damaged: str, logger: logging.Logger) -> Resumption
                        "from step-%d", what, directory / DAMAGED, chosen)
     if chosen:
         return Resumption(chosen, skipped)
-    what = what or "none found"
+    what = f"every checkpoint is damaged: {what}" if skipped else f"no checkpoint in {directory}"
     if on_damaged != RESTART:
         raise DamagedCheckpoints(
-            f"{run_dir}: every checkpoint is damaged: {what}; nothing to resume from: start "
-            "the run again without resume= (with trainer.on_damaged_checkpoint=restart a run "
-            "starts over by itself)")
-    logger.warning("%s: every checkpoint is damaged: %s; trainer.on_damaged_checkpoint=restart: "
-                   "the run starts over from step 0", run_dir, what)
+            f"{run_dir}: {what}; nothing to resume from: start the run again without resume= "
+            "(with trainer.on_damaged_checkpoint=restart a run starts over by itself)")
+    logger.warning("%s: %s; trainer.on_damaged_checkpoint=restart: the run starts over from "
+                   "step 0", run_dir, what)
     rundir.clear_run(run_dir)
     return Resumption(0, skipped)
 
