@@ -6,7 +6,8 @@
     nice -n 19 python tests/mutation.py --survivors layers               # the not-yet-killed only
     nice -n 19 python tests/mutation.py clipping --only 'gradexp.clipping.zclip.*'  # some mutants
 
-Each group (GROUPS below) is a set of modules and the test files that exercise them. For a group,
+Each group (GROUPS below) is a set of modules and the test files that exercise them (the groups
+past the core: the tests of their files that start no process, `in_process`). For a group,
 a scratch copy of the checkout is made in `.mutmut/<group>/` (git-ignored) with the group's
 `[tool.mutmut]` section added to its pyproject.toml, and `mutmut run` runs there: mutmut writes
 each module's mutants into `.mutmut/<group>/mutants/`, records which tests reach each function,
@@ -28,6 +29,7 @@ survivors.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import shutil
@@ -41,7 +43,61 @@ REPO = Path(__file__).resolve().parent.parent
 EQUIVALENTS = REPO / "tests" / "mutation_equivalents.md"
 ELSEWHERE = "## Killed in a subprocess"  # the heading of that file's last section
 
-# group: (modules to mutate, test files that exercise them), cheapest first
+# what in a test's code starts a process: these names (conftest's gradexp() runs `python -m
+# ...`), sys.executable, os.fork
+STARTS_A_PROCESS = {"subprocess", "Popen", "gradexp", "multiprocessing", "executable", "fork"}
+
+
+def _starts_a_process(function: ast.FunctionDef) -> bool:
+    return any((isinstance(n, ast.Name) and n.id in STARTS_A_PROCESS)
+               or (isinstance(n, ast.Attribute) and n.attr in STARTS_A_PROCESS)
+               for n in ast.walk(function))
+
+
+def in_process(*files: str) -> list[str]:
+    """The test ids of `files` whose tests start no process. mutmut sees only its own process,
+    and a subprocess that imports a mutated module fails while mutmut collects which tests
+    reach which function (its trampoline looks for mutmut's config in the subprocess's working
+    directory). A test starts one if its code, or that of a function or fixture of its file it
+    names (or imports from another test file), names one of STARTS_A_PROCESS."""
+    return [test for file in files for test in _in_process(file)]
+
+
+def _in_process(file: str) -> list[str]:
+    source = (REPO / file).read_text()
+    functions = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+    starting = set()
+    for node in ast.parse(source).body:  # helpers imported from another test file
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("test_"):
+            other = (REPO / "tests" / f"{node.module}.py").read_text()
+            defined = {n.name: n for n in ast.parse(other).body if isinstance(n, ast.FunctionDef)}
+            starting |= {a.asname or a.name for a in node.names
+                         if a.name in defined and _starts_a_process(defined[a.name])}
+
+    def starts(name: str, seen: frozenset = frozenset()) -> bool:
+        if name in starting:
+            return True
+        if name not in functions or name in seen:
+            return False
+        function = functions[name]
+        if _starts_a_process(function):
+            return True
+        arguments = function.args
+        own = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+        own |= {n.id for n in ast.walk(function)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        loaded = {n.id for n in ast.walk(function)
+                  if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        takes_fixtures = name.startswith("test_") or any(
+            "fixture" in ast.unparse(d) for d in function.decorator_list)
+        fixtures = {a.arg for a in arguments.args} if takes_fixtures else set()
+        return any(starts(n, seen | {name}) for n in ((loaded - own) | fixtures) - {name})
+
+    return [f"{file}::{name}" for name in functions
+            if name.startswith("test_") and not starts(name)]
+
+
+# group: (modules to mutate, test files or ids that exercise them), cheapest first
 GROUPS = {
     "analysis": (["gradexp/analysis/metrics.py", "gradexp/analysis/stats.py"],
                  ["tests/test_analysis_metrics.py", "tests/test_analysis_stats.py",
@@ -83,89 +139,42 @@ GROUPS = {
               "tests/test_robustness.py::test_a_diverging_run_stops_at_its_step_and_is_a_result",
               "tests/test_robustness.py::test_on_divergence_continue_skips_non_finite_updates"]),
     # past the core: the trainer, its run directory, logs, data, models, the analysis, the
-    # search, the config and the batched launcher. Most of their tests run gradexp in a
-    # subprocess (`python -m gradexp.train`), which mutmut cannot follow: the in-process tests
-    # are listed (test ids where a file is mostly subprocesses); a survivor that a subprocess
-    # test kills goes in tests/mutation_equivalents.md's last section, checked by hand
+    # search, the config and the batched launcher, each with the tests of its files that run
+    # in this process (`in_process`)
     "train": (["gradexp/train.py", "gradexp/checkpoint_fallback.py"],
-              [*(f"tests/test_train.py::test_{name}" for name in (
-                  "clip_fraction_of_one_element_and_of_none",
-                  "unclipped_run_has_equal_pre_and_post_norms",
-                  "success_criterion_of_pascanu_et_al",
-                  "the_step_is_xla_compiled_as_trainer_jit_compile_says",
-                  "the_pure_step_is_the_engines_compiled_step",
-                  "gradient_histograms_are_tensorboards_own_buckets")),
-               *(f"tests/test_robustness.py::test_{name}" for name in (
-                   "a_diverging_run_stops_at_its_step_and_is_a_result",
-                   "divergence_is_measured_against_the_runs_first_loss",
-                   "after_a_resume_divergence_is_measured_against_step_1s_loss",
-                   "on_divergence_continue_skips_non_finite_updates")),
-               *(f"tests/test_batched.py::test_{name}" for name in (
-                   "runs_of_a_batch_stop_at_their_own_divergence",
-                   "runs_of_other_bounds_and_learning_rates_share_one_batch")),
-               "tests/test_faults.py::test_a_run_asked_to_restart_when_every_checkpoint_is_"
-               "damaged_starts_over"]),
+              in_process("tests/test_train.py", "tests/test_robustness.py",
+                         "tests/test_batched.py", "tests/test_faults.py",
+                         "tests/test_sweep_resume.py", "tests/test_search.py",
+                         "tests/test_api.py")),
     "rundir": (["gradexp/rundir.py", "gradexp/runlock.py"],
-               ["tests/test_robustness.py::test_resume_refuses_a_run_whose_process_is_still_going",
-                "tests/test_robustness.py::test_a_taken_run_directory_is_never_reused",
-                "tests/test_sweep_resume.py::test_a_job_refuses_a_run_of_another_config_or_a_"
-                "live_run_in_its_directory",
-                "tests/test_faults.py::test_a_run_asked_to_restart_when_every_checkpoint_is_"
-                "damaged_starts_over",
-                "tests/test_faults.py::test_the_lock_is_held_while_a_run_trains_and_let_go_when_"
-                "it_ends",
-                "tests/test_analysis_runs.py", "tests/test_summarize.py"]),
-    "resume": (["gradexp/resume.py"], ["tests/test_sweep_resume.py"]),
-    "data": (["gradexp/data.py"], ["tests/test_data.py", "tests/test_user_data.py"]),
+               in_process("tests/test_robustness.py", "tests/test_sweep_resume.py",
+                          "tests/test_faults.py", "tests/test_analysis_runs.py",
+                          "tests/test_summarize.py")),
+    "resume": (["gradexp/resume.py"], in_process("tests/test_sweep_resume.py")),
+    "data": (["gradexp/data.py"], in_process("tests/test_data.py", "tests/test_user_data.py")),
     "logs": (["gradexp/logs.py", "gradexp/write_errors.py"],
-             ["tests/test_robustness.py::test_a_resumed_run_reads_back_the_float32_numbers_it_"
-              "wrote",
-              "tests/test_train.py::test_gradient_histograms_are_tensorboards_own_buckets",
-              "tests/test_train.py::test_unclipped_run_has_equal_pre_and_post_norms",
-              "tests/test_sweeps.py::test_an_hparam_has_one_type_in_every_run_whichever_method_"
-              "the_run_uses",
-              "tests/test_faults.py::test_a_table_on_a_full_device_fails_in_one_line_and_the_"
-              "next_run_writes",
-              "tests/test_faults.py::test_only_a_write_that_failed_is_called_one",
-              "tests/test_faults.py::test_a_run_asked_to_restart_when_every_checkpoint_is_"
-              "damaged_starts_over"]),
+             in_process("tests/test_train.py", "tests/test_robustness.py", "tests/test_faults.py",
+                        "tests/test_sweeps.py", "tests/test_sweep_resume.py")),
     "models": (["gradexp/models.py"],
-               ["tests/test_models.py", "tests/test_mnist1d_models.py", "tests/test_by_hand.py"]),
+               in_process("tests/test_models.py", "tests/test_mnist1d_models.py",
+                          "tests/test_by_hand.py", "tests/test_user_model.py")),
     "compare": (["gradexp/analysis/compare.py", "gradexp/analysis/runs.py"],
-                ["tests/test_analysis_compare.py", "tests/test_analysis_runs.py",
-                 "tests/test_analysis_known.py", "tests/test_analysis_groups.py",
-                 "tests/test_summarize.py"]),
+                in_process("tests/test_analysis_compare.py", "tests/test_analysis_runs.py",
+                           "tests/test_analysis_known.py", "tests/test_analysis_groups.py",
+                           "tests/test_summarize.py")),
     "summarize": (["gradexp/summarize.py"],
-                  ["tests/test_summarize.py", "tests/test_analysis_known.py",
-                   "tests/test_analysis_groups.py"]),
-    "search": (["gradexp/search/*.py"], ["tests/test_search.py"]),
+                  in_process("tests/test_summarize.py", "tests/test_analysis_known.py",
+                             "tests/test_analysis_groups.py")),
+    "search": (["gradexp/search/*.py"], in_process("tests/test_search.py")),
     "config": (["gradexp/config/*.py"],
-               ["tests/test_config.py", "tests/test_registries.py", "tests/test_api.py",
-                "tests/test_faults.py::test_every_launcher_and_sweeper_key_is_checked_in_one_line",
-                "tests/test_faults.py::test_each_plugins_defaults_pass_and_each_of_its_keys_has_"
-                "a_rule",
-                "tests/test_models.py::test_bad_model_and_dataset_values_are_one_line",
-                *(f"tests/test_user_data.py::test_{name}" for name in (
-                    "bad_arrays_are_one_line_naming_what_is_wrong",
-                    "keys_a_loader_does_not_take_and_a_missing_load_are_one_line",
-                    "tfds_without_a_name_or_a_directory_is_one_line"))]),
+               in_process("tests/test_config.py", "tests/test_registries.py", "tests/test_api.py",
+                          "tests/test_faults.py", "tests/test_models.py",
+                          "tests/test_user_data.py", "tests/test_sweep_resume.py",
+                          "tests/test_search.py")),
     "engine": (["gradexp/engine.py"],
-               ["tests/test_train.py::test_the_pure_step_is_the_engines_compiled_step",
-                *(f"tests/test_batched.py::test_{name}" for name in (
-                    "runs_of_a_batch_stop_at_their_own_divergence",
-                    "a_batch_of_transformers_is_its_runs_bit_for_bit_histograms_too",
-                    "runs_of_other_bounds_and_learning_rates_share_one_batch",
-                    "the_stateless_update_is_kerass_update",
-                    "a_batch_on_a_cpu_has_a_part_per_core_and_on_a_gpu_one",
-                    "the_program_compiled_ahead_is_the_one_that_trains",
-                    "a_batch_of_cnns_is_its_runs_bit_for_bit"))]),
+               in_process("tests/test_batched.py", "tests/test_train.py")),
     "launcher": (["hydra_plugins/gradexp_launcher/gradexp_launcher.py", "gradexp/worker.py"],
-                 [*(f"tests/test_batched.py::test_{name}" for name in (
-                     "the_launcher_groups_by_structure_splits_at_max_batch_and_for_its_workers",
-                     "the_command_line_that_names_the_launcher_forks_its_workers_before_hydra_"
-                     "starts")),
-                  "tests/test_sweeps.py::test_a_users_callback_sees_each_finished_run_at_its_jobs_"
-                  "end"]),
+                 in_process("tests/test_batched.py", "tests/test_sweeps.py")),
 }
 
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests",

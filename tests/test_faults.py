@@ -4,6 +4,7 @@ closes the pipe. docs/guide/faults.md says what gradexp promises for each."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import resource
@@ -191,6 +192,12 @@ def test_a_run_asked_to_restart_when_every_checkpoint_is_damaged_starts_over(mak
     assert [s["step"] for s in summary["checkpoints_skipped"]] == [40, 30]
     assert (run_dir / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
     assert not (run_dir / "checkpoints" / "damaged").exists()  # cleared with the rest
+    # the run let its lock go (the lock file itself was kept): another open of it takes it
+    fd = os.open(run_dir / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
 
 
 # 3. A full disk, in one line
