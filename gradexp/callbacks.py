@@ -1,5 +1,7 @@
 """Hydra callbacks (listed under `hydra.callbacks` in conf/config.yaml).
 
+- `PluginChecks`: the launcher's and sweeper's settings, before any process, cluster or worker
+  starts (the first callback in conf/config.yaml).
 - `Checks`: every job's config is validated before any run directory is made; a sweep is
   checked whole before its first run (a search: its space, and its corners' configs; the
   search sweeper checks each trial's before it runs).
@@ -25,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from gradexp import rundir
 from gradexp.config import ConfigError, compose_once, explain, sweep_jobs, task_config, validate
+from gradexp.config.plugins import check_plugins
 from gradexp.devices import check_device
 from gradexp.rundir import check_resumable, read_status
 from gradexp.search.space import from_config, is_search
@@ -39,6 +42,14 @@ def _exit_if_invalid(check) -> Any:
             raise
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+class PluginChecks(Callback):
+    """The sweep's launcher and sweeper settings (gradexp/config/plugins.py), first of all:
+    before the batched launcher forks its workers, Ray starts or Slurm is asked for a job."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_if_invalid(lambda: check_plugins(config))
 
 
 class Checks(Callback):

@@ -10,13 +10,14 @@ from pathlib import Path
 
 from gradexp._tf import tf
 from gradexp.rundir import CHECKPOINTS
+from gradexp.write_errors import writing
 
 
 class RunState:
     """A run's carry variables (made from `step`'s initial carry, under `strategy`) and the
-    checkpoints of its whole state in <run>/checkpoints."""
+    checkpoints of its whole state in <run>/checkpoints, the last `keep` of them kept."""
 
-    def __init__(self, run_dir: Path, step, strategy):
+    def __init__(self, run_dir: Path, step, strategy, keep: int = 1):
         with strategy.scope():  # every replica computes the same carry: the first's is kept
             self.carry = [tf.Variable(value, trainable=False, name=name,
                                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -25,11 +26,12 @@ class RunState:
         self.checkpoint = tf.train.Checkpoint(model=step.model, optimizer=step.optimizer,
                                               clipping=list(self.carry))
         self.manager = tf.train.CheckpointManager(
-            self.checkpoint, str(run_dir / CHECKPOINTS), max_to_keep=1, checkpoint_name="step")
+            self.checkpoint, str(run_dir / CHECKPOINTS), max_to_keep=keep, checkpoint_name="step")
 
     def save(self, step: int) -> None:
         if self.saved_step() != step:
-            self.manager.save(checkpoint_number=step)
+            with writing("the checkpoint", self.manager.directory, step):  # a full disk: a line
+                self.manager.save(checkpoint_number=step)
 
     def saved_step(self) -> int | None:
         latest = self.manager.latest_checkpoint

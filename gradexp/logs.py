@@ -25,6 +25,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
 
 from gradexp.rundir import METRICS
+from gradexp.write_errors import writing
 
 VAL_COLUMNS = ("loss/val", "accuracy/val")
 SCALAR = scalar_metadata.create_summary_metadata(display_name=None, description=None)
@@ -244,7 +245,7 @@ _LAST: list = [None]  # the writer's last task: a failed write (a full disk) is 
 def release() -> None:
     """Hand the writes asked for so far to the writer thread."""
     if _LAST[0] is not None and _LAST[0].done():
-        _LAST[0].result()
+        _result()
     if _HELD:
         works = list(_HELD)
         _HELD.clear()
@@ -255,7 +256,18 @@ def flush() -> None:
     """Wait until everything asked for is written (raising what a write raised)."""
     release()
     if _LAST[0] is not None:
-        _LAST[0].result()
+        _result()
+
+
+def _result() -> None:
+    """The writer's last task's result; a failed write is raised once, and the writes held
+    after it (the failed run's) are dropped: the next run in this process starts clean."""
+    last, _LAST[0] = _LAST[0], None
+    try:
+        last.result()
+    except BaseException:
+        _HELD.clear()
+        raise
 
 
 class RunLog:
@@ -270,7 +282,7 @@ class RunLog:
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
         from tensorboard.plugins.hparams import summary_v2 as hp
 
-        self.names = list(names)
+        self.run_dir, self.names = run_dir, list(names)
         self.val_names, self.telemetry = tuple(val_names), tuple(telemetry)
         self.every_step = len(self.names) - len(self.telemetry)  # columns of every step
         assert tuple(self.names[self.every_step:]) == self.telemetry
@@ -305,6 +317,10 @@ class RunLog:
             _HELD.append((self._steps, (steps, rows, val, measured)))
 
     def _steps(self, steps, rows, val, measured) -> None:
+        with writing(METRICS, self.run_dir, int(steps[-1]), tensorflow="the event file"):
+            self._write_steps(steps, rows, val, measured)
+
+    def _write_steps(self, steps, rows, val, measured) -> None:
         every = rows[:, :self.every_step].tolist()
         self.events.rows(steps, self.names[:self.every_step], every)
         lines = [self._row_format % (step, *row, *self._blank)
@@ -335,14 +351,17 @@ class RunLog:
             t = np.asarray(t)
             return t[np.isfinite(t)]
 
-        self.events.summary(step, Summary(value=[
-            value for name, t in tensors.items() for value in histogram_pb(name, finite(t)).value]))
+        values = [value for name, t in tensors.items()
+                  for value in histogram_pb(name, finite(t)).value]
+        with writing("the event file", self.run_dir, step):
+            self.events.summary(step, Summary(value=values))
 
     def close(self, step: int, final: dict[str, float]) -> None:
         """Final metrics as `final/<name>` scalars (the HParams view's metric columns)."""
         values = {f"final/{k}": v for k, v in final.items() if v is not None}
         flush()
-        if values:
-            self.events.scalars(step, values)
-        self.events.close()
-        self._table_file.close()
+        with writing(METRICS, self.run_dir, step, tensorflow="the event file"):
+            if values:
+                self.events.scalars(step, values)
+            self.events.close()
+            self._table_file.close()

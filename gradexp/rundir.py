@@ -11,6 +11,8 @@ Every name a run writes or reads is spelled here, and nowhere else:
       provenance.json                        code version, packages, devices (gradexp.provenance)
       provenance.diff                        `git diff HEAD` when the code's tree was dirty
       provenance.resume-<n>.diff             the same, for the n-th resume
+      .lock                                  held by the process that writes the run
+                                             (gradexp.runlock): one writer per run
 
 A run's status is one of STATUSES; `running` until it ends (a killed run stays `running`, and
 `still_running` tells it from a live one). Whether a run may be resumed is decided here too, and
@@ -42,6 +44,7 @@ EVENTS_GLOB = "events.out.tfevents.*"
 PROVENANCE = "provenance.json"
 PROVENANCE_DIFF = "provenance.diff"
 SWEEP_RECORD = "multirun.yaml"  # at a sweep's root
+LOCK = ".lock"  # gradexp.runlock's
 
 RUNNING, COMPLETED, DIVERGED, INTERRUPTED, FAILED = (
     "running", "completed", "diverged", "interrupted", "failed")
@@ -142,7 +145,7 @@ def clear_run(run_dir: Path) -> None:
     import shutil
 
     for entry in Path(run_dir).iterdir():
-        if entry.name == HYDRA or entry.suffix == ".log":
+        if entry.name in (HYDRA, LOCK) or entry.suffix == ".log":  # LOCK: held by the caller
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)

@@ -12,7 +12,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import hydra
@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from gradexp import config, provenance, rundir
+from gradexp import checkpoint_fallback, config, provenance, rundir, runlock, write_errors
 from gradexp.grouping import Job
 from gradexp.rundir import write_json
 from gradexp.stopping import exit_status, stop_requests
@@ -44,9 +44,26 @@ LIST_POSITIONS: list = []  # `--positions`: the model's positions are printed, n
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def run(cfg: DictConfig) -> dict:
     """Hydra's task: one run in Hydra's output directory. A crash is recorded in the run's
-    summary.json; a sweep then goes on to its next run, a single run exits non-zero."""
+    summary.json; a sweep then goes on to its next run, a single run exits non-zero. The run's
+    lock (gradexp/runlock.py) is taken before anything in its directory is read, and held."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        runlock.hold(run_dir)
+    except runlock.RunBusy as exc:  # another process writes this run: it is left alone
+        if HydraConfig.get().mode == RunMode.MULTIRUN:  # and the sweep goes on
+            log.error("run not started: %s", exc)
+            return {"status": rundir.BUSY, "error": str(exc)}
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        return run_held(cfg, run_dir)
+    finally:
+        runlock.release(run_dir)
+
+
+def run_held(cfg: DictConfig, run_dir: Path) -> dict:
+    """`run`, its lock held."""
     hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides, resume = list(hydra_cfg.overrides.task), bool(cfg.resume)
     if resume:  # the run goes on with its own config, composed as it was
         overrides = list(OmegaConf.load(run_dir / rundir.OVERRIDES))
@@ -79,7 +96,8 @@ def run(cfg: DictConfig) -> dict:
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2) from None
+        unwritten = write_errors.explain(exc, job.run_dir)
+        raise SystemExit(write_errors.EXIT_STATUS if unwritten else 2) from None
     if summary["status"] == rundir.INTERRUPTED:  # asked to stop: so does a sweep, after this run
         stopped_by = signal.Signals[summary["stopped_by"]]
         scheduler = signal.getsignal(stopped_by)
@@ -91,11 +109,18 @@ def run(cfg: DictConfig) -> dict:
 
 def record_failure(exc: Exception, job: Job) -> str | None:
     """Record a run's crash in its summary.json; return the one-line explanation of bad input
-    found late (e.g. a dataset file missing), None for a bug."""
-    write_json(job.run_dir / rundir.SUMMARY, {
-        "status": rundir.FAILED, "error": f"{type(exc).__name__}: {exc}",
-        "config": OmegaConf.to_container(job.cfg), "overrides": list(job.overrides)})
-    return config.explain(exc)
+    found late (e.g. a dataset file missing) or of a write that failed (a full disk), None for
+    a bug."""
+    message = config.explain(exc) or write_errors.explain(exc, job.run_dir)
+    try:
+        write_json(job.run_dir / rundir.SUMMARY, {
+            "status": rundir.FAILED, "error": f"{type(exc).__name__}: {exc}",
+            "config": OmegaConf.to_container(job.cfg), "overrides": list(job.overrides)})
+    except OSError as unwritten:  # the full disk that failed the run takes no summary either
+        if message is None or write_errors.reason(unwritten) is None:
+            raise
+        message += f" ({rundir.SUMMARY} not written: {write_errors.reason(unwritten)})"
+    return message
 
 
 def failed(exc: Exception, job: Job) -> dict:
@@ -138,6 +163,7 @@ def main() -> None:
     from gradexp import resume, worker
 
     user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
+    logging.raiseExceptions = False  # a log file on a full disk: our one line, not a traceback
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us unprinted
     try:
         sweep_dir = resume.sweep_to_resume(sys.argv[1:])
@@ -161,7 +187,10 @@ def main() -> None:
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: bool = False) -> dict:
     """Train as `cfg` says, writing into `run_dir` (resume: from its latest checkpoint);
     return the run's summary."""
-    return train_runs([Job(cfg, Path(run_dir), list(overrides))], resume=resume)[0]
+    try:
+        return train_runs([Job(cfg, Path(run_dir), list(overrides))], resume=resume)[0]
+    finally:
+        runlock.release(run_dir)
 
 
 def train_runs(jobs: list[Job], resume: bool = False,
@@ -200,6 +229,8 @@ def train_batch(jobs: list[Job]) -> list[dict]:
             for handler in logger.handlers:
                 handler.close()
             logger.handlers.clear()
+        for job in jobs:
+            runlock.release(job.run_dir)
 
 
 def run_logger(job: Job) -> logging.Logger:
@@ -309,6 +340,7 @@ class Run:
     first: int  # the step it starts from (a resumed run's checkpoint)
     runlog: object  # gradexp.logs.RunLog
     logger: logging.Logger
+    resumed: dict = field(default_factory=dict)  # a resumed run's checkpoint_fallback record
 
 
 def start(job: Job, resume: bool = False, arrays=None, free_memory: bool = True,
@@ -322,6 +354,11 @@ def start(job: Job, resume: bool = False, arrays=None, free_memory: bool = True,
     from gradexp.step import make_step
 
     cfg, run_dir = job.cfg, job.run_dir
+    runlock.hold(run_dir)  # already held by `run`; a batch's runs take theirs here
+    resumed = None
+    if resume:  # the newest sound checkpoint; none: fail, or start over if the config says so
+        resumed = checkpoint_fallback.settle(run_dir, cfg.trainer.on_damaged_checkpoint, logger)
+        resume = resumed.step > 0
     started = time.perf_counter()
     rundir.mark_running(run_dir, job.overrides, OmegaConf.to_container(cfg))
     # the code and package versions first: even a run that fails at once keeps them
@@ -332,12 +369,13 @@ def start(job: Job, resume: bool = False, arrays=None, free_memory: bool = True,
     provenance.add_devices(run_dir, record, devices.describe(where, cfg.strategy, strategy))
     arrays = data.load(cfg.dataset) if arrays is None else arrays
     step = make_step(cfg, arrays, strategy)
-    state = RunState(run_dir, step, strategy)
+    state = RunState(run_dir, step, strategy, cfg.trainer.keep_checkpoints)
     first = state.restore() if resume else 0
     runlog = RunLog(run_dir, list(step.names), cfg, start_step=first, val_names=step.val_names,
                     telemetry=step.telemetry)
     return Run(cfg, run_dir, list(job.overrides), started, where, strategy, step, state, arrays,
-               data.validation_set(arrays), first, runlog, logger)
+               data.validation_set(arrays), first, runlog, logger,
+               resumed.record() if resumed else {})
 
 
 def finish(run: Run, result: LoopResult, batch: dict | None = None) -> dict:
@@ -347,6 +385,7 @@ def finish(run: Run, result: LoopResult, batch: dict | None = None) -> dict:
     summary = run_summary(result, run.cfg, run.overrides, run.where,
                           time.perf_counter() - run.started)
     summary["data"] = run.arrays.record()
+    summary.update(run.resumed)
     if batch is not None:
         summary["batch"] = batch
     run.runlog.close(result.step, final_metrics(summary))

@@ -74,11 +74,15 @@ def start_early(argv: list[str]) -> None:
 def early_workers(argv: list[str]) -> int:
     """The workers `argv` asks for: `-m ... hydra/launcher=gradexp [hydra.launcher.workers=N]`
     and no other option (--help, --cfg, -cd ...: 0, left to Hydra and Prestart); 0 for a
-    workers value that is not a count (Hydra answers it with its error)."""
+    workers value that is not a count (Hydra answers it with its error) or a max_batch that is
+    not a positive one."""
     options = {a for a in argv if a.startswith("-")}
     if "hydra/launcher=gradexp" not in argv or not options or options - {"-m", "--multirun"}:
         return 0
     counts = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.launcher.workers=")]
+    sizes = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.launcher.max_batch=")]
+    if sizes and not (sizes[-1].isdigit() and int(sizes[-1]) > 0):
+        return 0  # answered in one line (gradexp.callbacks.PluginChecks): no worker for it
     return (int(counts[-1]) if counts[-1].isdigit() else 0) if counts else 1
 
 

@@ -112,3 +112,28 @@ def first_steps(cfg, run_dir: Path, n: int):
     """(run, rows, gradients) of a run's first n steps: `started`, then `first_call`."""
     run, engine = started(cfg, run_dir, n)
     return (run, *first_call(run, engine, n))
+
+
+def in_this_process(monkeypatch, *args: str) -> None:
+    """`python -m gradexp.train *args` run in this process, in the current directory, not a
+    subprocess (mutation testing sees only what runs here): Hydra's global state, its job
+    logging's handlers and what the entry point sets for its process are undone after it."""
+    import logging
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from gradexp import train
+
+    monkeypatch.setattr(sys, "argv", ["gradexp.train", *args])
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "")  # main() sets it
+    monkeypatch.setattr(logging, "raiseExceptions", logging.raiseExceptions)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        train.main()
+    finally:
+        GlobalHydra.instance().clear()
+        for handler in set(root.handlers) - set(handlers):
+            root.removeHandler(handler)
+            handler.close()
+        root.setLevel(level)

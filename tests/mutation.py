@@ -1,4 +1,4 @@
-"""Mutation testing of gradexp's core modules with mutmut 3 (outside the default test run).
+"""Mutation testing of gradexp's modules with mutmut 3 (outside the default test run).
 
     pip install -e ".[mutation]"
     nice -n 19 python tests/mutation.py                  # every group, cheapest first
@@ -6,7 +6,8 @@
     nice -n 19 python tests/mutation.py --survivors layers               # the not-yet-killed only
     nice -n 19 python tests/mutation.py clipping --only 'gradexp.clipping.zclip.*'  # some mutants
 
-Each group (GROUPS below) is a set of modules and the test files that exercise them. For a group,
+Each group (GROUPS below) is a set of modules and the test files that exercise them (the groups
+past the core: the tests of their files that start no process, `in_process`). For a group,
 a scratch copy of the checkout is made in `.mutmut/<group>/` (git-ignored) with the group's
 `[tool.mutmut]` section added to its pyproject.toml, and `mutmut run` runs there: mutmut writes
 each module's mutants into `.mutmut/<group>/mutants/`, records which tests reach each function,
@@ -28,6 +29,7 @@ survivors.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import shutil
@@ -41,7 +43,61 @@ REPO = Path(__file__).resolve().parent.parent
 EQUIVALENTS = REPO / "tests" / "mutation_equivalents.md"
 ELSEWHERE = "## Killed in a subprocess"  # the heading of that file's last section
 
-# group: (modules to mutate, test files that exercise them), cheapest first
+# what in a test's code starts a process: these names (conftest's gradexp() runs `python -m
+# ...`), sys.executable, os.fork
+STARTS_A_PROCESS = {"subprocess", "Popen", "gradexp", "multiprocessing", "executable", "fork"}
+
+
+def _starts_a_process(function: ast.FunctionDef) -> bool:
+    return any((isinstance(n, ast.Name) and n.id in STARTS_A_PROCESS)
+               or (isinstance(n, ast.Attribute) and n.attr in STARTS_A_PROCESS)
+               for n in ast.walk(function))
+
+
+def in_process(*files: str) -> list[str]:
+    """The test ids of `files` whose tests start no process. mutmut sees only its own process,
+    and a subprocess that imports a mutated module fails while mutmut collects which tests
+    reach which function (its trampoline looks for mutmut's config in the subprocess's working
+    directory). A test starts one if its code, or that of a function or fixture of its file it
+    names (or imports from another test file), names one of STARTS_A_PROCESS."""
+    return [test for file in files for test in _in_process(file)]
+
+
+def _in_process(file: str) -> list[str]:
+    source = (REPO / file).read_text()
+    functions = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+    starting = set()
+    for node in ast.parse(source).body:  # helpers imported from another test file
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("test_"):
+            other = (REPO / "tests" / f"{node.module}.py").read_text()
+            defined = {n.name: n for n in ast.parse(other).body if isinstance(n, ast.FunctionDef)}
+            starting |= {a.asname or a.name for a in node.names
+                         if a.name in defined and _starts_a_process(defined[a.name])}
+
+    def starts(name: str, seen: frozenset = frozenset()) -> bool:
+        if name in starting:
+            return True
+        if name not in functions or name in seen:
+            return False
+        function = functions[name]
+        if _starts_a_process(function):
+            return True
+        arguments = function.args
+        own = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+        own |= {n.id for n in ast.walk(function)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        loaded = {n.id for n in ast.walk(function)
+                  if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        takes_fixtures = name.startswith("test_") or any(
+            "fixture" in ast.unparse(d) for d in function.decorator_list)
+        fixtures = {a.arg for a in arguments.args} if takes_fixtures else set()
+        return any(starts(n, seen | {name}) for n in ((loaded - own) | fixtures) - {name})
+
+    return [f"{file}::{name}" for name in functions
+            if name.startswith("test_") and not starts(name)]
+
+
+# group: (modules to mutate, test files or ids that exercise them), cheapest first
 GROUPS = {
     "analysis": (["gradexp/analysis/metrics.py", "gradexp/analysis/stats.py"],
                  ["tests/test_analysis_metrics.py", "tests/test_analysis_stats.py",
@@ -82,6 +138,43 @@ GROUPS = {
               "tests/test_devices.py::test_mixed_float16_layer_statistics_are_in_true_units",
               "tests/test_robustness.py::test_a_diverging_run_stops_at_its_step_and_is_a_result",
               "tests/test_robustness.py::test_on_divergence_continue_skips_non_finite_updates"]),
+    # past the core: the trainer, its run directory, logs, data, models, the analysis, the
+    # search, the config and the batched launcher, each with the tests of its files that run
+    # in this process (`in_process`)
+    "train": (["gradexp/train.py", "gradexp/checkpoint_fallback.py"],
+              in_process("tests/test_train.py", "tests/test_robustness.py",
+                         "tests/test_batched.py", "tests/test_faults.py",
+                         "tests/test_sweep_resume.py", "tests/test_search.py",
+                         "tests/test_api.py")),
+    "rundir": (["gradexp/rundir.py", "gradexp/runlock.py"],
+               in_process("tests/test_robustness.py", "tests/test_sweep_resume.py",
+                          "tests/test_faults.py", "tests/test_analysis_runs.py",
+                          "tests/test_summarize.py")),
+    "resume": (["gradexp/resume.py"], in_process("tests/test_sweep_resume.py")),
+    "data": (["gradexp/data.py"], in_process("tests/test_data.py", "tests/test_user_data.py")),
+    "logs": (["gradexp/logs.py", "gradexp/write_errors.py"],
+             in_process("tests/test_train.py", "tests/test_robustness.py", "tests/test_faults.py",
+                        "tests/test_sweeps.py", "tests/test_sweep_resume.py")),
+    "models": (["gradexp/models.py"],
+               in_process("tests/test_models.py", "tests/test_mnist1d_models.py",
+                          "tests/test_by_hand.py", "tests/test_user_model.py")),
+    "compare": (["gradexp/analysis/compare.py", "gradexp/analysis/runs.py"],
+                in_process("tests/test_analysis_compare.py", "tests/test_analysis_runs.py",
+                           "tests/test_analysis_known.py", "tests/test_analysis_groups.py",
+                           "tests/test_summarize.py")),
+    "summarize": (["gradexp/summarize.py"],
+                  in_process("tests/test_summarize.py", "tests/test_analysis_known.py",
+                             "tests/test_analysis_groups.py")),
+    "search": (["gradexp/search/*.py"], in_process("tests/test_search.py")),
+    "config": (["gradexp/config/*.py"],
+               in_process("tests/test_config.py", "tests/test_registries.py", "tests/test_api.py",
+                          "tests/test_faults.py", "tests/test_models.py",
+                          "tests/test_user_data.py", "tests/test_sweep_resume.py",
+                          "tests/test_search.py")),
+    "engine": (["gradexp/engine.py"],
+               in_process("tests/test_batched.py", "tests/test_train.py")),
+    "launcher": (["hydra_plugins/gradexp_launcher/gradexp_launcher.py", "gradexp/worker.py"],
+                 in_process("tests/test_batched.py", "tests/test_sweeps.py")),
 }
 
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests",
@@ -93,11 +186,12 @@ def mutmut_section(modules: list[str], tests: list[str]) -> str:
     def toml_list(items):
         return "[" + ", ".join(json.dumps(i) for i in items) + "]"
 
+    sources = sorted({"gradexp", *(m.split("/")[0] for m in modules)})  # hydra_plugins too
     return f"""
 [tool.mutmut]
-source_paths = ["gradexp"]
+source_paths = {toml_list(sources)}
 only_mutate = {toml_list(modules)}
-also_copy = ["conf", "hydra_plugins"]
+also_copy = {toml_list([d for d in ("conf", "hydra_plugins") if d not in sources])}
 # -n 0: in one process, where mutmut's hooks are
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-W", "ignore", "-n", "0"]
 pytest_add_cli_args_test_selection = {toml_list(tests)}

@@ -166,7 +166,8 @@ def same_checkpoints(a: Path, b: Path) -> None:
     stopped early in a batch keeps its own last state, not the batch's."""
     from gradexp._tf import tf
 
-    (a_ckpt,), (b_ckpt,) = (sorted((d / "checkpoints").glob("step-*.index")) for d in (a, b))
+    a_ckpt, b_ckpt = (max((d / "checkpoints").glob("step-*.index"),
+                          key=lambda p: int(p.name.split("-")[1].split(".")[0])) for d in (a, b))
     assert a_ckpt.name == b_ckpt.name
     readers = [tf.train.load_checkpoint(str(p.with_suffix(""))) for p in (a_ckpt, b_ckpt)]
     shapes = readers[0].get_variable_to_shape_map()

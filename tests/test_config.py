@@ -57,6 +57,9 @@ BAD = [
     (["trainer.spike_z=0"], "trainer.spike_z=0.0", "> 0"),
     (["trainer.spike_warmup=0"], "trainer.spike_warmup=0", ">= 1"),
     (["trainer.spike_alpha=1"], "trainer.spike_alpha=1.0", "(0, 1)"),
+    (["trainer.keep_checkpoints=0"], "trainer.keep_checkpoints=0", ">= 1"),
+    (["trainer.on_damaged_checkpoint=ignore"], "trainer.on_damaged_checkpoint=ignore",
+     "fail, restart"),
     # contradictory settings
     (["strategy=mirrored", "trainer.on_divergence=continue"], "trainer.on_divergence=continue",
      "one device only"),

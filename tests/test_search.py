@@ -118,3 +118,23 @@ def test_the_objective_ranks_a_diverged_run_after_every_finite_one():
     assert trial_objective([0.5, 0.7]) == pytest.approx(0.6)
     assert trial_objective([0.5, math.inf]) == math.inf
     assert trial_objective([0.5, None]) is None
+
+
+def test_a_search_through_the_entry_point_in_this_process_tells_optuna_each_trial(
+        tmp_path, monkeypatch):
+    """The search sweeper run here (mutation testing sees only this process): the enqueued
+    clip=100 is tried first and diverges (+inf, ranked last); the sampled trial's value is its
+    run's final loss; search.csv has a row a trial, each naming its job."""
+    from conftest import in_this_process
+
+    monkeypatch.chdir(tmp_path)
+    in_this_process(monkeypatch, "-m", "hydra/sweeper=optuna",
+                    "clip=tag(log, interval(0.001, 0.05))", "seed=0", "hydra.sweeper.n_trials=2",
+                    "hydra.sweeper.enqueue=[{clip: 100}]", *TINY, "hydra.sweep.dir=search")
+    rows = pd.read_csv(tmp_path / "search" / "search.csv")
+    assert list(rows["trial"]) == [0, 1] and list(rows["state"]) == ["complete"] * 2
+    assert rows["clip"][0] == 100 and 0.001 <= rows["clip"][1] <= 0.05
+    assert rows["value"][0] == math.inf and list(rows["diverged"]) == [1, 0]
+    assert list(rows["jobs"]) == [0, 1]  # each trial's one job, by its directory
+    found = summaries(tmp_path / "search")
+    assert rows["value"][1] == found["1"]["final_loss"] and found["0"]["status"] == "diverged"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import REPO, gradexp
+from conftest import REPO, gradexp, in_this_process
 
 pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
 
@@ -335,3 +335,45 @@ def test_a_job_refuses_a_run_of_another_config_or_a_live_run_in_its_directory(ma
         assert mtimes(tmp_path) == before
     (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "config": own}))
     assert rundir_action(tmp_path, cfg) == "keep"  # its own run: the result stands
+
+
+def test_a_sweep_made_through_the_entry_point_in_this_process_is_planned_run_by_run(
+        tmp_path, monkeypatch):
+    """The entry point run here, not in a subprocess (so that mutation testing sees the trainer
+    and the resume plan): a real two-run sweep, then `resume=<sweep>`'s plan of it and the
+    command line that finishes it, as each run's directory stands: finished (kept), gone
+    (started), interrupted with a checkpoint (resumed); and its refusals, in one line."""
+    import pytest
+    from omegaconf import OmegaConf
+
+    from gradexp import resume
+    from gradexp.rundir import NotResumable
+
+    overrides = ["seed=0,1", "trainer.jit_compile=false", "trainer.steps=20",
+                 "trainer.log_every=10", "trainer.eval_every=20", "trainer.histogram_every=0",
+                 "model.width=8"]
+    monkeypatch.chdir(tmp_path)
+    in_this_process(monkeypatch, "-m", *overrides, "hydra.sweep.dir=sweep")  # all finish
+    sweep = tmp_path / "sweep"
+    assert [summary_of(sweep / n)["status"] for n in ("0", "1")] == ["completed"] * 2
+    record = OmegaConf.load(sweep / "multirun.yaml")
+    jobs = [[f"seed={s}", *(o.replace("=false", "=False") for o in overrides[1:])]
+            for s in (0, 1)]  # as Hydra's sweeper writes each job's overrides
+    assert resume.plan(sweep, record) == [(0, jobs[0], "keep"), (1, jobs[1], "keep")]
+    assert resume.sweep_to_resume(["resume=sweep"]) == Path("sweep")
+    assert resume.sweep_to_resume(["resume=sweep/0"]) is None  # a run, not a sweep
+    assert resume.multirun_arguments(Path("sweep"), ["resume=sweep", "-m", *overrides]) == [
+        "--multirun", "hydra.mode=MULTIRUN", *overrides, f"hydra.sweep.dir={sweep}",
+        "hydra/sweeper=gradexp_resume"]
+    with pytest.raises(NotResumable, match=r"^resume=sweep: the sweep goes on with its own "
+                                           r"config; drop clip=0.1$"):
+        resume.multirun_arguments(Path("sweep"), ["resume=sweep", "clip=0.1"])
+    with pytest.raises(NotResumable, match=r"^resume=sweep: seed=2 differs from the sweep's "
+                                           r"own seed=0,1"):
+        resume.multirun_arguments(Path("sweep"), ["resume=sweep", "seed=2"])
+    summary = summary_of(sweep / "0")  # run 0 as SIGTERM leaves it, run 1 never started
+    (sweep / "0" / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    for entry in (sweep / "1").iterdir():
+        if entry.is_file():
+            entry.unlink()
+    assert [action for *_, action in resume.plan(sweep, record)] == ["resume", "start"]

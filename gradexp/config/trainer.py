@@ -10,6 +10,7 @@ from gradexp.config.base import at_least, need, one_of
 LOSS_REDUCTIONS = ("sum", "mean")
 ON_DIVERGENCE = ("stop", "continue")
 ON_SPIKE = ("none", "skip")
+ON_DAMAGED_CHECKPOINT = ("fail", "restart")  # gradexp/checkpoint_fallback.py
 
 
 @dataclass
@@ -23,6 +24,8 @@ class TrainerConfig:
     divergence_factor: float = 1000.0  # loss above this × the first loss: diverged
     jit_compile: bool = True  # XLA-compile the step (fuses the clip layers' statistics into it)
     checkpoint_every: int = 500  # 0: only when the run stops
+    keep_checkpoints: int = 2  # the newest kept; a resume falls back on the previous if damaged
+    on_damaged_checkpoint: str = "fail"  # every checkpoint damaged: fail (one line) | restart
     on_divergence: str = "stop"  # stop (a result: exit 0) | continue (skipping non-finite updates)
     layer_norms: bool = True  # per-layer gradient, update and weight norms (gradexp/telemetry.py)
     on_spike: str = "none"  # skip: a step whose loss or ‖g‖ spikes is skipped (gradexp/spikes.py)
@@ -39,6 +42,8 @@ class TrainerConfig:
              "must be a number > 1")
         need(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every,
              "must be an integer >= 0 (0: only when the run stops)")
+        at_least(self, 1, "keep_checkpoints")
+        one_of("on_damaged_checkpoint", self.on_damaged_checkpoint, ON_DAMAGED_CHECKPOINT)
         one_of("on_divergence", self.on_divergence, ON_DIVERGENCE)
         one_of("on_spike", self.on_spike, ON_SPIKE)
         need(self.spike_z > 0, "spike_z", self.spike_z, "must be a number > 0")

@@ -1,0 +1,545 @@
+"""Faults a run survives, each injected for real: two resumes of one run at once, a damaged
+newest checkpoint, a filesystem that fills up, bad launcher and sweeper settings, a reader that
+closes the pipe. docs/guide/faults.md says what gradexp promises for each."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_robustness import STEADY, start, summary_of, wait_for_rows
+
+from conftest import REPO, gradexp
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("whole")
+    result = gradexp("gradexp.train", *STEADY, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = (cwd / "outputs").glob("*/*")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """A run of STEADY killed (SIGKILL) after step 250: its checkpoints are steps 100 and 200
+    (or 200 and 300), its table runs past the newest."""
+    cwd = tmp_path_factory.mktemp("killed")
+    process = start(cwd, *STEADY)
+    run_dir = wait_for_rows(cwd / "outputs", 250, process)
+    process.kill()
+    process.communicate(timeout=60)
+    assert summary_of(run_dir)["status"] == "running"
+    return run_dir
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    """A copy of a run directory to resume (each test its own)."""
+    return Path(shutil.copytree(run_dir, tmp_path / "run", symlinks=True))
+
+
+def one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+# 1. One writer per run
+
+
+def test_two_resumes_at_once_one_trains_and_the_other_exits_in_one_line(tmp_path, killed,
+                                                                         uninterrupted):
+    """Two `resume=` of one killed run started together (a requeued job and a hand-started
+    resume): exactly one trains; the other exits 2 with one line naming the first's pid, while
+    the first still trains; the table is an uninterrupted run's, byte for byte."""
+    run_dir = copy_of(killed, tmp_path)
+    began = time.monotonic()
+    processes = [start(tmp_path, f"resume={run_dir}") for _ in range(2)]
+    ended: dict[int, float] = {}
+    while len(ended) < 2 and time.monotonic() - began < 600:
+        for p in processes:
+            if p.pid not in ended and p.poll() is not None:
+                ended[p.pid] = time.monotonic() - began
+        time.sleep(0.02)
+    outputs = {p.pid: p.communicate(timeout=60) for p in processes}
+    (winner,) = [p for p in processes if p.returncode == 0]
+    (loser,) = [p for p in processes if p is not winner]
+    out, err = outputs[loser.pid]
+    assert loser.returncode == 2, err
+    line = one_line(err)
+    assert line.startswith("error: ") and f"pid {winner.pid}" in line and str(run_dir) in line
+    assert ended[loser.pid] < ended[winner.pid] and ended[loser.pid] < 60
+    assert "resuming at step" in outputs[winner.pid][0] and "resuming" not in out
+    assert summary_of(run_dir)["status"] == "completed"
+    assert (run_dir / "metrics.csv").read_bytes() == (uninterrupted / "metrics.csv").read_bytes()
+
+
+def test_the_lock_is_held_while_a_run_trains_and_let_go_when_it_ends(make_cfg, tmp_path):
+    """Another process cannot take a held run's lock and is told who holds it; once the run
+    has ended (here, in this process) it can; letting go of a lock not held does nothing."""
+    from gradexp import runlock
+    from gradexp.train import train
+
+    def other_process_takes(run_dir: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", "import sys; from gradexp import runlock; "
+                               f"runlock.hold({str(run_dir)!r}); print('taken')"],
+                              cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    runlock.hold(tmp_path)
+    runlock.hold(tmp_path)  # again, by the same process: it holds it already
+    refused = other_process_takes(tmp_path)
+    assert refused.returncode == 1 and "taken" not in refused.stdout
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"gradexp.runlock.RunBusy: {tmp_path}: the run is held by another process (pid "
+        f"{os.getpid()} on {socket.gethostname()}); a run has one writer: wait for it to end, "
+        "or stop it first")
+    runlock.release(tmp_path)
+    runlock.release(tmp_path)
+    assert other_process_takes(tmp_path).stdout == "taken\n"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    train(make_cfg("trainer.steps=2", "trainer.log_every=1", "trainer.eval_every=2",
+                   "trainer.histogram_every=0", "model.width=4", "trainer.jit_compile=false"),
+          run_dir)
+    assert other_process_takes(run_dir).stdout == "taken\n"  # the run let it go
+
+
+# 2. A checkpoint to fall back on
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    return sorted(int(p.name[len("step-"):-len(".index")])
+                  for p in (run_dir / "checkpoints").glob("step-*.index"))
+
+
+def cut_short(run_dir: Path, step: int) -> None:
+    """A checkpoint's data file cut to half its length, as a full disk or a crashed network
+    filesystem leaves it."""
+    (data,) = (run_dir / "checkpoints").glob(f"step-{step}.data-*")
+    data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
+
+
+def test_a_truncated_newest_checkpoint_is_skipped_and_the_previous_one_used(tmp_path, killed,
+                                                                            uninterrupted):
+    """The run keeps its last two checkpoints; with the newest cut short, `resume=` says so in
+    one line, resumes from the previous one, and its summary says which step it resumed from
+    and which it skipped; the finished table is an uninterrupted run's, byte for byte."""
+    run_dir = copy_of(killed, tmp_path)
+    previous, newest = checkpoint_steps(run_dir)
+    assert newest - previous == 100
+    cut_short(run_dir, newest)
+    result = gradexp("gradexp.train", f"resume={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stdout.splitlines() if "damaged" in line]
+    assert len(said) == 1 and f"step-{newest} (IndexError: Read less bytes" in said[0], said
+    assert said[0].endswith(f"resuming from step-{previous}")
+    assert f"resuming at step {previous}:" in result.stdout
+    assert said[0] in (run_dir / "train.log").read_text()  # the run's own log says it too
+    summary = summary_of(run_dir)
+    assert summary["status"] == "completed" and summary["resumed_from"] == previous
+    assert [s["step"] for s in summary["checkpoints_skipped"]] == [newest]
+    assert summary["checkpoints_skipped"][0]["error"].startswith("IndexError")
+    assert (run_dir / "metrics.csv").read_bytes() == (uninterrupted / "metrics.csv").read_bytes()
+    assert checkpoint_steps(run_dir) == [1100, 1200]  # two kept; the damaged one set aside
+    assert (run_dir / "checkpoints" / "damaged" / f"step-{newest}.index").is_file()
+
+
+def test_every_checkpoint_damaged_is_one_line_and_nothing_trains(tmp_path, killed):
+    run_dir = copy_of(killed, tmp_path)
+    table = (run_dir / "metrics.csv").read_bytes()
+    for step in checkpoint_steps(run_dir):
+        cut_short(run_dir, step)
+    result = gradexp("gradexp.train", f"resume={run_dir}", cwd=tmp_path)
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert line.startswith(f"error: {run_dir}: every checkpoint is damaged: step-"), line
+    assert "trainer.on_damaged_checkpoint=restart" in line and "resuming" not in result.stdout
+    summary = summary_of(run_dir)
+    assert summary["status"] == "failed" and "every checkpoint is damaged" in summary["error"]
+    assert (run_dir / "metrics.csv").read_bytes() == table  # nothing trained, nothing cut
+
+
+def test_a_run_asked_to_restart_when_every_checkpoint_is_damaged_starts_over(make_cfg,
+                                                                             tmp_path):
+    """trainer.on_damaged_checkpoint=restart: a run whose every checkpoint is damaged is
+    cleared and trains from step 0; its table is then an uninterrupted run's."""
+    from gradexp import runlock
+    from gradexp.train import train
+
+    cfg = make_cfg("trainer.steps=40", "trainer.log_every=10", "trainer.eval_every=20",
+                   "trainer.histogram_every=0", "trainer.checkpoint_every=10", "model.width=8",
+                   "trainer.jit_compile=false", "deterministic=true",
+                   "trainer.on_damaged_checkpoint=restart")
+    whole, run_dir = tmp_path / "whole", tmp_path / "run"
+    whole.mkdir(), run_dir.mkdir()
+    train(cfg, whole)
+    train(cfg, run_dir)
+    assert checkpoint_steps(run_dir) == [30, 40]  # trainer.keep_checkpoints=2
+    for step in (30, 40):
+        cut_short(run_dir, step)
+    summary = train(cfg, run_dir, resume=True)
+    assert summary["status"] == "completed" and summary["resumed_from"] == 0
+    assert [s["step"] for s in summary["checkpoints_skipped"]] == [40, 30]
+    assert (run_dir / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
+    assert not (run_dir / "checkpoints" / "damaged").exists()  # cleared with the rest
+    # the run let its lock go (the lock file itself was kept): another open of it takes it
+    fd = os.open(run_dir / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    runlock.release(run_dir)  # a lock not held: nothing (a batch lets go of runs never started)
+
+
+# 3. A full disk, in one line
+
+
+def limited(limit: int):
+    """A preexec_fn: files the process writes may grow to `limit` bytes (RLIMIT_FSIZE), and a
+    write past it fails with EFBIG (SIGXFSZ ignored), as on a filesystem that has filled up."""
+
+    def preexec():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return preexec
+
+
+def on_a_full_disk(limit: int, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", "gradexp.train", *args], cwd=cwd, env=env,
+                          text=True, capture_output=True, timeout=600, preexec_fn=limited(limit))
+
+
+FILLS_UP = ["trainer.steps=1000", "trainer.log_every=20", "trainer.eval_every=100",
+            "trainer.histogram_every=0", "trainer.checkpoint_every=100", "model.width=16"]
+
+
+def test_an_event_file_that_fills_the_disk_fails_the_run_in_one_line(tmp_path):
+    """The event file outgrows the filesystem first (60 kB here: near step 100 of 1000): the run
+    ends with exit 1, one line naming the file, its directory and the step, status failed."""
+    result = on_a_full_disk(60_000, tmp_path, *FILLS_UP)
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    assert result.returncode == 1, result.stderr
+    line = one_line(result.stderr)
+    found = re.fullmatch(rf"error: cannot write the event file \(events\.out\.tfevents\.[^)]+\) "
+                         rf"in {re.escape(str(run_dir))} at step (\d+): File too large", line)
+    assert found, line
+    step = int(found.group(1))
+    assert 0 < step < 1000 and step % 20 == 0
+    summary = summary_of(run_dir)
+    assert summary["status"] == "failed" and summary["error"] == f"WriteFailed: {line[7:]}"
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_checkpoint_that_fills_the_disk_fails_the_run_in_one_line(tmp_path):
+    """A wide model's checkpoint (~200 kB) is the first file past 100 kB: its save at step 100
+    fails; one line, exit 1, status failed, no checkpoint committed."""
+    result = on_a_full_disk(100_000, tmp_path, *FILLS_UP, "model.width=256")
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    assert result.returncode == 1, result.stderr
+    line = one_line(result.stderr)
+    assert re.fullmatch(rf"error: cannot write the checkpoint \(step-100_temp/[^)]+\) in "
+                        rf"{re.escape(str(run_dir / 'checkpoints'))} at step 100: File too large",
+                        line), line
+    assert summary_of(run_dir)["status"] == "failed"
+    assert not list((run_dir / "checkpoints").glob("step-*.index"))
+
+
+def test_a_table_on_a_full_device_fails_in_one_line_and_the_next_run_writes(make_cfg, tmp_path):
+    """metrics.csv on a device that is full (/dev/full: every write fails with ENOSPC): the
+    writer thread's error comes back once, as one line naming the table, the run and the step
+    of its first failed write; the failed run's later writes are dropped, so a run after it in
+    the same process writes its own."""
+    import numpy as np
+
+    from gradexp import logs
+    from gradexp.write_errors import WriteFailed
+
+    cfg, names = make_cfg(), ["loss/train", "grad_norm/global"]
+    (tmp_path / "full").mkdir()
+    full = logs.RunLog(tmp_path / "full", names, cfg)
+    full._table_file.close()
+    full._table_file = open("/dev/full", "w")  # the table's file, now on a full device
+    full.steps(np.arange(1, 6), np.ones((5, 2), np.float32), None)
+    full.steps(np.arange(6, 11), np.ones((5, 2), np.float32), None)
+    with pytest.raises(WriteFailed) as failed:
+        logs.flush()
+    full.events.close()
+    assert str(failed.value) == (f"cannot write metrics.csv in {tmp_path / 'full'} at step 5: "
+                                 "No space left on device")
+    (tmp_path / "next").mkdir()
+    after = logs.RunLog(tmp_path / "next", names, cfg)
+    after.steps(np.arange(1, 3), np.full((2, 2), 0.5, np.float32), None)
+    after.close(2, {})
+    assert (tmp_path / "next" / "metrics.csv").read_text().splitlines()[1:] == [
+        "1,0.5,0.5,,", "2,0.5,0.5,,"]
+
+
+def test_only_a_write_that_failed_is_called_one(tmp_path):
+    """A full filesystem anywhere, or a permission refused in the run's directory, is a write
+    that failed; TensorFlow's out-of-memory (also a ResourceExhaustedError) outside a write, a
+    dataset file the run may not read, and other errors are left as they are (None)."""
+    import errno
+
+    from gradexp._tf import tf
+    from gradexp.write_errors import WriteFailed, explain, writing
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "summary.json.tmp"))
+    assert explain(full) == f"cannot write: No space left on device ({full.filename})"
+    refused = PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "metrics.csv"))
+    assert explain(refused, tmp_path) == f"cannot write: Permission denied ({refused.filename})"
+    unreadable = PermissionError(errno.EACCES, "Permission denied", "/data/train.npz")
+    oom = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+    assert [explain(e, tmp_path) for e in (unreadable, oom, ValueError("x"))] == [None] * 3
+    with pytest.raises(WriteFailed, match=rf"^cannot write the checkpoint in {tmp_path} at step "
+                                          r"7: OOM when allocating tensor$"):
+        with writing("the checkpoint", tmp_path, 7):  # within a write, it is the write's
+            raise oom
+    with pytest.raises(KeyError):
+        with writing("the checkpoint", tmp_path, 7):
+            raise KeyError("a bug stays a bug")
+
+
+def test_a_sweep_on_a_full_disk_goes_on_to_its_other_runs(tmp_path):
+    """Three runs on a filesystem that fills up: the long one fails in one line, the two short
+    ones complete, the sweep says which did not finish and exits 1."""
+    result = on_a_full_disk(60_000, tmp_path, "-m", *FILLS_UP, "trainer.steps=40,1000,60",
+                            "hydra.sweep.dir=sweep")
+    assert result.returncode == 1, result.stderr
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output
+    (line,) = [line for line in output.splitlines() if "cannot write" in line]
+    assert line.startswith("run failed: cannot write the event file") and "/sweep/1" in line
+    statuses = {n: summary_of(tmp_path / "sweep" / n)["status"] for n in ("0", "1", "2")}
+    assert statuses == {"0": "completed", "1": "failed", "2": "completed"}
+    assert "runs that did not finish: 1" in result.stdout
+    assert summary_of(tmp_path / "sweep" / "2")["steps"] == 60
+
+
+# 4. Launcher and sweeper settings, checked up front
+
+# (command line, the one line's start): the keys every launcher and sweeper is asked for most,
+# each through the real entry point
+AT_THE_COMMAND_LINE = [
+    (["hydra/launcher=gradexp", "hydra.launcher.workers=0"], "hydra.launcher.workers=0"),
+    (["hydra/launcher=gradexp", "hydra.launcher.workers=2", "hydra.launcher.max_batch=0"],
+     "hydra.launcher.max_batch=0"),
+    (["hydra/launcher=ray", "hydra.launcher.num_cpus=-1"], "hydra.launcher.num_cpus=-1.0"),
+    (["hydra/launcher=ray", "hydra.launcher.num_gpus=-0.5"], "hydra.launcher.num_gpus=-0.5"),
+    (["hydra/launcher=ray", "hydra.launcher.max_calls=-1"], "hydra.launcher.max_calls=-1"),
+    (["hydra/launcher=ray", "hydra.launcher.address=nowhere"], "hydra.launcher.address=nowhere"),
+    (["hydra/launcher=joblib", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs=0"),
+    (["hydra/launcher=joblib", "hydra.launcher.timeout=-1"], "hydra.launcher.timeout=-1.0"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=0"],
+     "hydra.launcher.timeout_min=0"),
+    (["hydra/launcher=slurm", "hydra.launcher.partition=gpu queue"],
+     "hydra.launcher.partition=gpu queue"),
+    (["hydra/launcher=slurm", "hydra.launcher.mem_per_cpu=4G"],
+     "hydra.launcher.mem_gb=16, hydra.launcher.mem_per_cpu=4G"),
+    (["hydra.sweeper.max_batch_size=0"], "hydra.sweeper.max_batch_size=0"),
+    (["hydra/sweeper=optuna", "+search=clip_threshold", "hydra.sweeper.n_trials=0"],
+     "hydra.sweeper.n_trials=0"),
+    (["hydra/sweeper=optuna", "+search=clip_threshold", "hydra.sweeper.n_jobs=-2"],
+     "hydra.sweeper.n_jobs=-2"),
+]
+
+
+def processes_marked(mark: str) -> list[str]:
+    """The processes whose environment holds `mark` (this test's children and theirs)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark.encode() in environ.read_bytes():
+                found.append(environ.parent.name)
+        except OSError:  # gone, or not ours to read
+            pass
+    return found
+
+
+@pytest.mark.parametrize(("arguments", "key"), AT_THE_COMMAND_LINE,
+                         ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_a_bad_launcher_or_sweeper_setting_is_one_line_exit_2_and_nothing_starts(
+        tmp_path, monkeypatch, arguments, key):
+    import uuid
+
+    mark = f"GRADEXP_TEST_{uuid.uuid4().hex}"
+    monkeypatch.setenv(mark, "1")  # inherited by whatever the sweep starts: found in /proc
+    result = gradexp("gradexp.train", "-m", *arguments, "trainer.steps=10", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert one_line(result.stderr).startswith(f"error: {key}: "), result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert list(tmp_path.iterdir()) == []  # no sweep directory, no run
+    deadline = time.monotonic() + 10
+    while processes_marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_marked(mark) == []  # no worker, Ray node or job left behind
+
+
+# every other key of each plugin gradexp ships or supports: (overrides, the one line)
+EVERY_KEY = [
+    (["hydra/launcher=ray", "hydra.launcher.address=ray://head"],
+     "hydra.launcher.address=ray://head: must be null (a local Ray), auto, host:port or "
+     "ray://host:port"),
+    (["hydra/launcher=ray", "+hydra.launcher.init={num_cpus: -1}"],
+     "hydra.launcher.init.num_cpus=-1: must be an integer >= 0, or null (what the machine has)"),
+    (["hydra/launcher=ray", "+hydra.launcher.init={num_cpu: 2}"],
+     "hydra.launcher.init.num_cpu=2: not an argument of ray.init; allowed: address, num_cpus,"),
+    (["hydra/launcher=joblib", "hydra.launcher.backend=dask"],
+     "hydra.launcher.backend=dask: must be one of null, loky, multiprocessing, sequential, "
+     "threading"),
+    (["hydra/launcher=joblib", "hydra.launcher.prefer=gpus"],
+     "hydra.launcher.prefer=gpus: must be one of processes, threads"),
+    (["hydra/launcher=joblib", "hydra.launcher.require=lock"],
+     "hydra.launcher.require=lock: must be one of null, sharedmem"),
+    (["hydra/launcher=joblib", "hydra.launcher.verbose=-1"],
+     "hydra.launcher.verbose=-1: must be an integer >= 0"),
+    (["hydra/launcher=joblib", "hydra.launcher.pre_dispatch=n_jobs+"],
+     "hydra.launcher.pre_dispatch=n_jobs+: must be all, a positive integer, or an expression "
+     "such as 2*n_jobs"),
+    (["hydra/launcher=joblib", "hydra.launcher.batch_size=0"],
+     "hydra.launcher.batch_size=0: must be auto or a positive integer"),
+    (["hydra/launcher=joblib", "hydra.launcher.temp_folder=' '"],
+     "hydra.launcher.temp_folder= : must be a directory path, or null (the system's)"),
+    (["hydra/launcher=joblib", "hydra.launcher.max_nbytes=1Q"],
+     "hydra.launcher.max_nbytes=1Q: must be a size such as 1M (K, M, G), or null"),
+    (["hydra/launcher=joblib", "hydra.launcher.mmap_mode=rw"],
+     "hydra.launcher.mmap_mode=rw: must be one of r+, r, w+, c"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.submitit_folder=''"],
+     "hydra.launcher.submitit_folder=: must be a directory path (%j: the job id)"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=0"],
+     "hydra.launcher.cpus_per_task=0: must be an integer >= 1, or null (the scheduler's "
+     "default)"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.gpus_per_node=-1"],
+     "hydra.launcher.gpus_per_node=-1: must be an integer >= 0, or null"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=0"],
+     "hydra.launcher.tasks_per_node=0: must be an integer >= 1"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.mem_gb=-4"],
+     "hydra.launcher.mem_gb=-4: must be an integer >= 0 (0: all of a node's memory)"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.nodes=0"],
+     "hydra.launcher.nodes=0: must be an integer >= 1"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.name=''"],
+     "hydra.launcher.name=: must be a job name"),
+    (["hydra/launcher=slurm", "hydra.launcher.timeout_min=0"],
+     "hydra.launcher.timeout_min=0: must be an integer >= 1"),
+    (["hydra/launcher=slurm", "hydra.launcher.qos=high prio"],
+     "hydra.launcher.qos=high prio: must be a QOS name, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.account=' '"],
+     "hydra.launcher.account= : must be an account name, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.comment=''"],
+     "hydra.launcher.comment=: must be a comment, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.constraint=''"],
+     "hydra.launcher.constraint=: must be a feature constraint, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.exclude='node1, node2'"],
+     "hydra.launcher.exclude=node1, node2: must be node names (comma-separated), or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.gres='gpu 2'"],
+     "hydra.launcher.gres=gpu 2: must be a generic resource such as gpu:2, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.cpus_per_gpu=0"],
+     "hydra.launcher.cpus_per_gpu=0: must be an integer >= 1, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.gpus_per_task=0"],
+     "hydra.launcher.gpus_per_task=0: must be an integer >= 1, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.mem_gb=null", "hydra.launcher.mem_per_gpu=lots"],
+     "hydra.launcher.mem_per_gpu=lots: must be a size such as 16G, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.mem_gb=null", "hydra.launcher.mem_per_cpu=4 G"],
+     "hydra.launcher.mem_per_cpu=4 G: must be a size such as 4G, or null"),
+    (["hydra/launcher=slurm", "hydra.launcher.signal_delay_s=3600"],
+     "hydra.launcher.signal_delay_s=3600: must be less than the time limit, "
+     "hydra.launcher.timeout_min=60 minutes (3600 s)"),
+    (["hydra/launcher=slurm", "hydra.launcher.max_num_timeout=-1"],
+     "hydra.launcher.max_num_timeout=-1: must be an integer >= 0"),
+    (["hydra/launcher=slurm", "hydra.launcher.array_parallelism=0"],
+     "hydra.launcher.array_parallelism=0: must be an integer >= 1"),
+    (["hydra/sweeper=optuna", "hydra.sweeper.sampler_seed=-1"],
+     "hydra.sweeper.sampler_seed=-1: must be an integer in [0, 2**32 - 1], or null"),
+]
+
+
+def composed_with_hydra(*overrides: str):
+    """The sweep's whole config, its hydra node too, as the entry point composes it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import gradexp.config  # noqa: F401  (the schemas in Hydra's ConfigStore)
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+            return compose("config", overrides=list(overrides), return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize(("overrides", "message"), EVERY_KEY,
+                         ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_every_launcher_and_sweeper_key_is_checked_in_one_line(overrides, message):
+    from gradexp.config import ConfigError
+    from gradexp.config.plugins import check_plugins
+
+    with pytest.raises(ConfigError) as refused:
+        check_plugins(composed_with_hydra(*overrides))
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+# keys only Hydra's type check needs (a flag, shell lines, a mapping passed on as it is), the
+# Ray launcher's `init` (checked against ray.init's arguments), and the search's own, checked
+# with its space (gradexp/search/space.py)
+TYPE_ONLY = {"_target_", "stderr_to_stdout", "additional_parameters", "setup", "init", "params"}
+SEARCH_ONLY = {"n_trials", "n_jobs", "objective", "sampler", "enqueue"}
+
+
+@pytest.mark.parametrize("choice", ["hydra/launcher=basic", "hydra/launcher=gradexp",
+                                    "hydra/launcher=ray", "hydra/launcher=joblib",
+                                    "hydra/launcher=submitit_local",
+                                    "hydra/launcher=submitit_slurm", "hydra/launcher=slurm",
+                                    "hydra/sweeper=basic", "hydra/sweeper=gradexp_resume",
+                                    "hydra/sweeper=optuna"])
+def test_each_plugins_defaults_pass_and_each_of_its_keys_has_a_rule(choice):
+    """No plugin's own defaults are refused (gradexp's slurm.yaml's neither), and every key of
+    its schema has a rule, or needs none (TYPE_ONLY)."""
+    from gradexp.config.plugins import LAUNCHERS, SWEEPERS, check_plugins
+
+    cfg = composed_with_hydra(choice)
+    check_plugins(cfg)
+    node = cfg.hydra.launcher if choice.startswith("hydra/launcher") else cfg.hydra.sweeper
+    rules = {**LAUNCHERS, **SWEEPERS}.get(node._target_, {})
+    own = SEARCH_ONLY if choice == "hydra/sweeper=optuna" else set()
+    assert set(node) - TYPE_ONLY - own == set(rules), node._target_
+
+
+# 5. A reader that stops early
+
+
+def test_summarize_piped_into_head_ends_quietly(tmp_path):
+    """`python -m gradexp.summarize DIR | head -n 1`, as a shell runs it: the tables of 40
+    settings (~16 kB, past stdout's 8 kB buffer) are still being written when head has its line
+    and closes the pipe; summarize ends with status 0 and no traceback, its files written."""
+    from fake_runs import ending_at, write_run
+
+    clips = ["null"] + [f"{0.01 * k:.2f}" for k in range(1, 40)]
+    for i, clip in enumerate(clips):
+        for seed in range(2):
+            write_run(tmp_path / "sweep" / f"{clip}_{seed}", [f"clip={clip}", f"seed={seed}"],
+                      ending_at(1.0 + 0.01 * i + seed))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    piped = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m gradexp.summarize sweep | head -n 1; '
+                       'echo "summarize exited ${PIPESTATUS[0]}" >&2'],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    whole = subprocess.run([sys.executable, "-m", "gradexp.summarize", "sweep"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert len(whole.stdout.encode()) > 12_000 and whole.returncode == 0
+    assert piped.stdout == whole.stdout.splitlines(keepends=True)[0]
+    assert piped.stderr == "summarize exited 0\n"  # nothing else: no BrokenPipeError
+    assert (tmp_path / "sweep" / "summary.csv").is_file()
