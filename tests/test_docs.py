@@ -151,7 +151,11 @@ def test_every_fenced_block_is_run_or_marked_not_run_with_its_reason():
     unmarked = [str(block) for block in found if doc_blocks.category(block) is None]
     assert unmarked == [], "mark each `<!-- not run: REASON -->` or make it runnable"
     kinds = [doc_blocks.category(block) for block in found]
-    assert kinds.count("run") >= 30 and kinds.count("not run") <= kinds.count("run") // 2
+    # of the command blocks (bash, console, python), at most a third not run; a sample of what
+    # gradexp prints (text, json) is marked not run with the test that checks it
+    commands = [kind for block, kind in zip(found, kinds, strict=True)
+                if block.lang in doc_blocks.RUNNABLE]
+    assert commands.count("run") >= 30 and commands.count("not run") <= commands.count("run") // 2
     assert any(b.page.name == "README.md" and doc_blocks.category(b) == "run" for b in found)
     # the two example tests together run every page that has a block to run
     ran = doc_blocks.runnable_pages(sweeps=False) + doc_blocks.runnable_pages(sweeps=True)
