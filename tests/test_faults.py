@@ -136,8 +136,9 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_the_previous_one_used(tmp_
     one line, resumes from the previous one, and its summary says which step it resumed from
     and which it skipped; the finished table is an uninterrupted run's, byte for byte."""
     run_dir = copy_of(killed, tmp_path)
-    previous, newest = checkpoint_steps(run_dir)
-    assert newest - previous == 100
+    # a kill between writing a checkpoint and deleting the oldest leaves three (a busy machine)
+    *older, previous, newest = checkpoint_steps(run_dir)
+    assert newest - previous == 100 and len(older) <= 1
     cut_short(run_dir, newest)
     result = gradexp("gradexp.train", f"resume={run_dir}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
