@@ -21,6 +21,8 @@ from test_robustness import STEADY, start, summary_of, wait_for_rows
 
 from conftest import REPO, gradexp
 
+pytestmark = pytest.mark.slow  # each test starts runs, sweeps or pipes: the full tier
+
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
