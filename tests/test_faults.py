@@ -495,6 +495,18 @@ def test_every_launcher_and_sweeper_key_is_checked_in_one_line(overrides, messag
     assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
 
 
+def test_a_ray_address_is_null_auto_local_or_a_host_and_port():
+    from gradexp.config.plugins import LAUNCHERS, RAY
+
+    takes, _ = LAUNCHERS[RAY]["address"]
+    good = [None, "auto", "local", "10.0.0.1:6379", "head-node:1", "ray://head:10001",
+            "head:65535"]
+    bad = ["ray://head", "head", "head:0", "head:65536", "http://head:80", "head: 80", "",
+           "ray://:10001", "head:123456"]
+    assert [takes(a) for a in good] == [True] * len(good)
+    assert [takes(a) for a in bad] == [False] * len(bad)
+
+
 # keys only Hydra's type check needs (a flag, shell lines, a mapping passed on as it is), the
 # Ray launcher's `init` (checked against ray.init's arguments), and the search's own, checked
 # with its space (gradexp/search/space.py)
