@@ -17,8 +17,8 @@ TensorFlow imports, is held below 0.7 in pyproject.toml: with NumPy 2.4, 0.7.0 t
 import, 0.6.0 4 ms.)
 
 The import leaves ~370,000 objects that live as long as the process; a full garbage collection
-walked them all (0.15 s), and Keras' clear_session collects once a run (gradexp/devices.py), so
-they are moved out of every collection (gc.freeze) once imported.
+walked them all (0.15 s), and Keras' clear_session collects once a run
+(gradexp/training/devices.py), so they are moved out of every collection (gc.freeze) once imported.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pandas as pd  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from gradexp import config, rundir  # noqa: E402
+from gradexp import config
+from gradexp.runs import rundir  # noqa: E402
 
 SUMMARY_COLUMNS = ("status", "steps", "final_loss", "val_loss", "val_accuracy", "diverged",
                    "diverged_step", "steps_per_s")

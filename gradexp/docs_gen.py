@@ -7,7 +7,7 @@
     reference/layout.md         every module of gradexp/ and hydra_plugins/ with the first
                                 sentence of its docstring
     performance.md              the bench's figures in docs/performance.json
-                                (gradexp/bench_report.py)
+                                (gradexp/bench/report.py)
 
 tests/test_docs.py generates them into a temporary directory and compares them with the
 committed pages. No TensorFlow here.
@@ -293,7 +293,7 @@ def layout_page() -> str:
 
 # --------------------------------------------------------------------------------- writing
 def pages() -> dict[str, str]:
-    from gradexp import bench_report
+    from gradexp.bench import report as bench_report
 
     return {"reference/configuration.md": configuration_page(),
             "reference/layout.md": layout_page(),

@@ -1,24 +1,24 @@
 """gradexp's measurements inside `model.fit`: the Keras callback `Telemetry`.
 
-A fit with `Telemetry(run_dir)` writes the run directory a gradexp run writes (gradexp.rundir),
+A fit with `Telemetry(run_dir)` writes the run directory a gradexp run writes (gradexp.runs.rundir),
 by gradexp's own writers, so that `python -m gradexp.summarize DIR` reads fit runs and gradexp
 runs alike, in one table:
 
     metrics.csv, events   a row per step, gradexp's columns and tags (logs.RunLog): loss/train,
                           grad_norm/global and /post, param_clip/threshold and /clipped,
                           learning_rate, and per clip layer at position p grad_norm/p/pre and
-                          /post and clip_fraction/p (measured as gradexp/fit_step.py says);
+                          /post and clip_fraction/p (measured as gradexp/training/fit_step.py says);
                           loss/val and accuracy/val at each epoch's last step, from Keras's
                           val_loss and val_accuracy (validation_data); the HParams, the final
                           figures
     summary.json          tracking.run_summary's: completed, or diverged at the first step
                           measures.divergence_step finds (fit stops there: a result, not a
                           crash), final_loss over the last 10% of the steps before it
-    provenance.json       gradexp.provenance's record, with the devices in use
+    provenance.json       gradexp.runs.provenance's record, with the devices in use
     .hydra/               config.yaml and overrides.yaml: the run's settings, read off the
-                          model (gradexp/fit_config.py), for summarize to group runs by
+                          model (gradexp/training/fit_config.py), for summarize to group runs by
 
-How the statistics reach the callback (gradexp/fit_step.py): for one fit the model's
+How the statistics reach the callback (gradexp/training/fit_step.py): for one fit the model's
 train_step is wrapped; while it is traced, Keras's own tape watches every clip layer's probe
 (`gradient_stats`) and, asked for the gradients of model.trainable_weights, gives the probes'
 too: gradexp's own mechanism, so a layer applied at many time steps (a Keras RNN cell, inside
@@ -51,12 +51,19 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from gradexp import devices, fit_config, provenance, rundir
 from gradexp._tf import keras
 from gradexp.config import ConfigError
-from gradexp.fit_step import MeasuredStep
-from gradexp.logs import RunLog, release
-from gradexp.tracking import LoopResult, final_line, final_metrics, first_diverged_step, run_summary
+from gradexp.runs import provenance, rundir
+from gradexp.training import devices, fit_config
+from gradexp.training.fit_step import MeasuredStep
+from gradexp.training.logs import RunLog, release
+from gradexp.training.tracking import (
+    LoopResult,
+    final_line,
+    final_metrics,
+    first_diverged_step,
+    run_summary,
+)
 
 log = logging.getLogger("gradexp")
 # metrics.csv's validation columns, from the first of Keras's epoch logs that is there
@@ -69,7 +76,7 @@ class Telemetry(keras.callbacks.Callback):
     """Write gradexp's run directory for one `model.fit` (the module docstring).
 
         from gradexp.keras import Telemetry
-        from gradexp.layers import ClipGradient
+        from gradexp.parts.layers import ClipGradient
 
         x = keras.layers.Dense(64, activation="relu", name="dense_1")(inputs)
         x = ClipGradient(-0.1, 0.1, name="clip_dense_1")(x)   # logged as dense_1

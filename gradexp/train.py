@@ -22,11 +22,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from gradexp import checkpoint_fallback, config, provenance, rundir, runlock, write_errors
-from gradexp.grouping import Job
-from gradexp.rundir import write_json
-from gradexp.stopping import exit_status, stop_requests
-from gradexp.tracking import (
+from gradexp import config
+from gradexp.runs import provenance, rundir, runlock, write_errors
+from gradexp.runs.rundir import write_json
+from gradexp.sweeps.grouping import Job
+from gradexp.training import checkpoint_fallback
+from gradexp.training.stopping import exit_status, stop_requests
+from gradexp.training.tracking import (
     LoopResult,
     Tracker,
     final_line,
@@ -45,7 +47,7 @@ LIST_POSITIONS: list = []  # `--positions`: the model's positions are printed, n
 def run(cfg: DictConfig) -> dict:
     """Hydra's task: one run in Hydra's output directory. A crash is recorded in the run's
     summary.json; a sweep then goes on to its next run, a single run exits non-zero. The run's
-    lock (gradexp/runlock.py) is taken before anything in its directory is read, and held."""
+    lock (gradexp/runs/runlock.py) is taken before anything in its directory is read, and held."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         runlock.hold(run_dir)
@@ -74,7 +76,7 @@ def run_held(cfg: DictConfig, run_dir: Path) -> dict:
             return rundir.read_status(run_dir)[1]
         resume = action == rundir.RESUME
     if LIST_POSITIONS:
-        from gradexp.insertion import position_lines
+        from gradexp.parts.insertion import position_lines
 
         try:
             lines = position_lines(cfg)
@@ -159,8 +161,8 @@ def rundir_action(run_dir: Path, cfg: DictConfig) -> str:
 
 def main() -> None:
     """Entry point: bad input ends in one line on stderr and exit status 2, not a traceback.
-    `resume=<sweep dir>` becomes that sweep's multirun, finishing it (gradexp/resume.py)."""
-    from gradexp import resume, worker
+    `resume=<sweep dir>` becomes that sweep's multirun, finishing it (gradexp/sweeps/resume.py)."""
+    from gradexp.sweeps import resume, worker
 
     user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
     logging.raiseExceptions = False  # a log file on a full disk: our one line, not a traceback
@@ -195,10 +197,10 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] = (), resume: boo
 
 def train_runs(jobs: list[Job], resume: bool = False,
                loggers: list[logging.Logger] | None = None) -> list[dict]:
-    """Train `jobs`, runs of one structure (gradexp/grouping.py) starting at the same step, as
-    one (K = 1 a run alone, K > 1 a batch); return their summaries. A batch's program compiles
+    """Train `jobs`, runs of one structure (gradexp/sweeps/grouping.py) starting at the same step,
+    as one (K = 1 a run alone, K > 1 a batch); return their summaries. A batch's program compiles
     in a thread while its other runs are set up. `loggers`: each run's (default: `log`)."""
-    from gradexp.engine import Engine
+    from gradexp.training.engine import Engine
 
     loggers = loggers or [log] * len(jobs)
     runs = [start(jobs[0], resume, logger=loggers[0])]
@@ -249,10 +251,11 @@ def run_logger(job: Job) -> logging.Logger:
 
 def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
     """Train the runs to `trainer.steps` in calls of up to `trainer.log_every` steps, then each
-    run's bookkeeping (gradexp/tracking.py); a run stops at its divergence (on_divergence=stop),
-    all at SIGINT/SIGTERM after the call under way. `ready`: a batch's programs compiled ahead."""
-    from gradexp import logs
+    run's bookkeeping (gradexp/training/tracking.py); a run stops at its divergence
+    (on_divergence=stop), all at SIGINT/SIGTERM after the call under way. `ready`: a batch's
+    programs compiled ahead."""
     from gradexp._tf import tf
+    from gradexp.training import logs
 
     # the trainer's settings as a plain dataclass (a DictConfig is slow to read): read every call
     t, K = OmegaConf.to_object(runs[0].cfg.trainer), len(runs)
@@ -324,8 +327,8 @@ def loop(engine, runs: list[Run], ready=None) -> list[LoopResult]:
 
 @dataclass
 class Run:
-    """One run set up to train: its config and directory, its step (gradexp/step.py), its state
-    and checkpoints, data and logs, and the step it starts from."""
+    """One run set up to train: its config and directory, its step (gradexp/training/step.py), its
+    state and checkpoints, data and logs, and the step it starts from."""
 
     cfg: DictConfig
     run_dir: Path
@@ -333,12 +336,12 @@ class Run:
     started: float
     where: str
     strategy: object  # a tf.distribute strategy
-    step: object  # gradexp.step.Step
-    state: object  # gradexp.checkpoints.RunState
-    arrays: object  # gradexp.data.Arrays
+    step: object  # gradexp.training.step.Step
+    state: object  # gradexp.training.checkpoints.RunState
+    arrays: object  # gradexp.parts.data.Arrays
     validation: tuple  # (x_val, y_val) tensors
     first: int  # the step it starts from (a resumed run's checkpoint)
-    runlog: object  # gradexp.logs.RunLog
+    runlog: object  # gradexp.training.logs.RunLog
     logger: logging.Logger
     resumed: dict = field(default_factory=dict)  # a resumed run's checkpoint_fallback record
 
@@ -348,10 +351,11 @@ def start(job: Job, resume: bool = False, arrays=None, free_memory: bool = True,
     """A run set up to train: provenance, process, data (`arrays` when already loaded), step,
     state (restored when resuming), logs. `free_memory`: collect the garbage of earlier runs in
     this process first (not between the runs of a batch)."""
-    from gradexp import data, devices
-    from gradexp.checkpoints import RunState
-    from gradexp.logs import RunLog
-    from gradexp.step import make_step
+    from gradexp.parts import data
+    from gradexp.training import devices
+    from gradexp.training.checkpoints import RunState
+    from gradexp.training.logs import RunLog
+    from gradexp.training.step import make_step
 
     cfg, run_dir = job.cfg, job.run_dir
     runlock.hold(run_dir)  # already held by `run`; a batch's runs take theirs here

@@ -19,17 +19,18 @@ QUICK = ["trainer.steps=30", "trainer.log_every=10", "trainer.eval_every=30",
 
 @pytest.fixture(autouse=True)
 def fresh_global_state():
-    """What a test's in-process run sets for the whole process (gradexp.devices.prepare_process:
-    the Keras dtype policy, TensorFlow op determinism, TensorFlow's global seed set by
-    keras.utils.set_random_seed) is undone after it, so a test sees the defaults whichever tests
-    ran before it in the same process (pytest-randomly reseeds Python's and NumPy's)."""
+    """What a test's in-process run sets for the whole process
+    (gradexp.training.devices.prepare_process: the Keras dtype policy, TensorFlow op determinism,
+    TensorFlow's global seed set by keras.utils.set_random_seed) is undone after it, so a test sees
+    the defaults whichever tests ran before it in the same process (pytest-randomly reseeds
+    Python's and NumPy's)."""
     yield
     if "keras" in sys.modules:
         import keras
 
         keras.config.set_dtype_policy("float32")
     if "tensorflow" in sys.modules:
-        from gradexp.devices import set_op_determinism
+        from gradexp.training.devices import set_op_determinism
 
         set_op_determinism(False)
         import tensorflow as tf
@@ -80,12 +81,12 @@ def gradexp(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
 
 def started(cfg, run_dir: Path, n: int):
     """A run of `cfg` set up in `run_dir` (gradexp.train.start) and its engine (K = 1,
-    gradexp/engine.py), whose calls train up to n steps."""
+    gradexp/training/engine.py), whose calls train up to n steps."""
     from omegaconf import OmegaConf
 
-    from gradexp import grouping
-    from gradexp.engine import Engine
+    from gradexp.sweeps import grouping
     from gradexp.train import start
+    from gradexp.training.engine import Engine
 
     cfg = cfg.copy()
     OmegaConf.update(cfg, "trainer.log_every", n)

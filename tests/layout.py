@@ -5,9 +5,13 @@
                package's own __init__ is left out: re-exporting is not a cycle of concerns)
     training   nothing `gradexp.train` reaches by its imports is on the analysis side, pandas
                or matplotlib: a run never pays for the summary's imports
-    sides      each module under a side imports, of gradexp, only its own side and what the
-               side may use (SIDES): the config answers before TensorFlow loads, the analysis
-               reads run directories, the run directory's contract imports no other gradexp module
+    folders    gradexp/ is grouped by concern, and imports run one way between the folders
+               (FOLDERS): a module of a folder imports, of gradexp, its own folder, the folders
+               listed for it and the package itself; the run directory's contract (runs) and
+               the config import no TensorFlow (they answer before it loads), the analysis
+               reads run directories only; the entry points at the top (train, summarize, api,
+               keras, layers, docs_gen) and bench/ may import any folder, and no folder imports
+               them; a folder not listed is a breach
 
 `problems(root)` lists every breach as one line; tests/test_layout.py checks that gradexp has
 none, and that a package made to break each rule is reported.
@@ -21,13 +25,16 @@ from pathlib import Path
 LIMIT = 450
 ENTRY = "gradexp.train"
 NOT_FROM_TRAINING = ("gradexp.analysis", "pandas", "matplotlib")
-SIDES = {  # a module under the key may import these of gradexp (its own side always)
-    "gradexp.config": ("gradexp.rundir",),
-    "gradexp.analysis": ("gradexp.rundir", "gradexp.measures", "gradexp.search.record",
-                         "gradexp._tf"),  # _tf: event files of a run without metrics.csv
-    "gradexp.rundir": (),
-    "gradexp.measures": (),
+TF = "gradexp._tf"  # the one place TensorFlow is imported (quietly)
+FOLDERS = {  # each folder, in order, with what it may import besides itself and `gradexp`
+    "gradexp.runs": (),
+    "gradexp.config": ("gradexp.runs",),
+    "gradexp.parts": ("gradexp.runs", "gradexp.config", TF),
+    "gradexp.training": ("gradexp.runs", "gradexp.config", "gradexp.parts", TF),
+    "gradexp.sweeps": ("gradexp.runs", "gradexp.config", "gradexp.parts", "gradexp.training", TF),
+    "gradexp.analysis": ("gradexp.runs", TF),  # _tf: event files of a run without metrics.csv
 }
+TOP = ("gradexp.bench",)  # folders of entry points, like the top's modules: may import any
 
 
 def modules(root: Path, package: str = "gradexp") -> dict[str, Path]:
@@ -122,17 +129,23 @@ def training_imports(graph: dict[str, set[str]], entry: str = ENTRY) -> list[str
             if any(_under(name, banned) for banned in NOT_FROM_TRAINING)]
 
 
-def side_imports(graph: dict[str, set[str]], package: str = "gradexp") -> list[str]:
+def folder_imports(graph: dict[str, set[str]], package: str = "gradexp") -> list[str]:
     out = []
     for name, targets in sorted(graph.items()):
-        for side, allowed in SIDES.items():
-            if not _under(name, side):
-                continue
-            for target in sorted(targets):
-                if (_under(target, package) and target != package and not _under(target, side)
-                        and not any(_under(target, a) for a in allowed)):
-                    out.append(f"{name} imports {target}: {side} may import only "
-                               f"{', '.join(allowed) or 'no other gradexp module'}")
+        folder = ".".join(name.split(".")[:2])
+        if name.count(".") < 2 and folder not in FOLDERS:  # a module at the top
+            continue
+        if folder in TOP:
+            continue
+        if folder not in FOLDERS:
+            out.append(f"{name}: in {folder}, a folder the layout does not place (FOLDERS)")
+            continue
+        allowed = FOLDERS[folder]
+        for target in sorted(targets):
+            if (_under(target, package) and target != package and not _under(target, folder)
+                    and not any(_under(target, a) for a in allowed)):
+                out.append(f"{name} imports {target}: {folder} may import only "
+                           f"{', '.join(allowed) or 'no other gradexp module'}")
     return out
 
 
@@ -140,4 +153,4 @@ def problems(root: Path, limit: int = LIMIT) -> list[str]:
     mods = modules(root)
     graph = imports(mods)
     return [*too_long(mods, limit), *(f"cycle: {c}" for c in cycles(graph)),
-            *training_imports(graph), *side_imports(graph)]
+            *training_imports(graph), *folder_imports(graph)]

@@ -4,7 +4,7 @@
     nice -n 19 python tests/mutation.py                  # every group, cheapest first
     nice -n 19 python tests/mutation.py analysis layers  # some groups
     nice -n 19 python tests/mutation.py --survivors layers               # the not-yet-killed only
-    nice -n 19 python tests/mutation.py clipping --only 'gradexp.clipping.zclip.*'  # some mutants
+    nice -n 19 python tests/mutation.py clipping --only 'gradexp.parts.clipping.zclip.*'
 
 Each group (GROUPS below) is a set of modules and the test files that exercise them (the groups
 past the core: the tests of their files that start no process, `in_process`). For a group,
@@ -103,16 +103,16 @@ GROUPS = {
                  ["tests/test_analysis_metrics.py", "tests/test_analysis_stats.py",
                   "tests/test_analysis_known.py", "tests/test_analysis_compare.py",
                   "tests/test_analysis_runs.py", "tests/test_analysis_groups.py"]),
-    "measures": (["gradexp/measures.py"],
+    "measures": (["gradexp/runs/measures.py"],
                  ["tests/test_measures.py", "tests/test_analysis_metrics.py",
                   "tests/test_analysis_known.py", "tests/test_analysis_runs.py"]),
-    "layers": (["gradexp/layers.py"], ["tests/test_layers.py"]),
-    "clipping": (["gradexp/clipping/*.py"], ["tests/test_clipping.py"]),
-    "telemetry": (["gradexp/telemetry.py"], ["tests/test_telemetry.py"]),
+    "layers": (["gradexp/parts/layers.py"], ["tests/test_layers.py"]),
+    "clipping": (["gradexp/parts/clipping/*.py"], ["tests/test_clipping.py"]),
+    "telemetry": (["gradexp/training/telemetry.py"], ["tests/test_telemetry.py"]),
     # the step's loss-scale branch is reached by two mixed_float16 tests, its divergence
     # handling by two of test_robustness', the pure step alone by test_train's; the engine's
     # distributed branch only in a subprocess (test_devices' mirrored test)
-    "step": (["gradexp/step.py"],
+    "step": (["gradexp/training/step.py"],
              ["tests/test_telemetry.py", "tests/test_by_hand.py",
               # a user's loss (task_loss, check_loss) and model.fit's step (update_metrics,
               # as_row): their in-process tests
@@ -141,21 +141,22 @@ GROUPS = {
     # past the core: the trainer, its run directory, logs, data, models, the analysis, the
     # search, the config and the batched launcher, each with the tests of its files that run
     # in this process (`in_process`)
-    "train": (["gradexp/train.py", "gradexp/checkpoint_fallback.py"],
+    "train": (["gradexp/train.py", "gradexp/training/checkpoint_fallback.py"],
               in_process("tests/test_train.py", "tests/test_robustness.py",
                          "tests/test_batched.py", "tests/test_faults.py",
                          "tests/test_sweep_resume.py", "tests/test_search.py",
                          "tests/test_api.py")),
-    "rundir": (["gradexp/rundir.py", "gradexp/runlock.py"],
+    "rundir": (["gradexp/runs/rundir.py", "gradexp/runs/runlock.py"],
                in_process("tests/test_robustness.py", "tests/test_sweep_resume.py",
                           "tests/test_faults.py", "tests/test_analysis_runs.py",
                           "tests/test_summarize.py")),
-    "resume": (["gradexp/resume.py"], in_process("tests/test_sweep_resume.py")),
-    "data": (["gradexp/data.py"], in_process("tests/test_data.py", "tests/test_user_data.py")),
-    "logs": (["gradexp/logs.py", "gradexp/write_errors.py"],
+    "resume": (["gradexp/sweeps/resume.py"], in_process("tests/test_sweep_resume.py")),
+    "data": (["gradexp/parts/data.py"],
+             in_process("tests/test_data.py", "tests/test_user_data.py")),
+    "logs": (["gradexp/training/logs.py", "gradexp/runs/write_errors.py"],
              in_process("tests/test_train.py", "tests/test_robustness.py", "tests/test_faults.py",
                         "tests/test_sweeps.py", "tests/test_sweep_resume.py")),
-    "models": (["gradexp/models.py"],  # (test_mnist1d_models needs experiments/: not copied)
+    "models": (["gradexp/parts/models.py"],  # (test_mnist1d_models needs experiments/: not copied)
                in_process("tests/test_models.py", "tests/test_by_hand.py",
                           "tests/test_user_model.py")),
     "compare": (["gradexp/analysis/compare.py", "gradexp/analysis/runs.py"],
@@ -165,15 +166,15 @@ GROUPS = {
     "summarize": (["gradexp/summarize.py"],
                   in_process("tests/test_summarize.py", "tests/test_analysis_known.py",
                              "tests/test_analysis_groups.py")),
-    "search": (["gradexp/search/*.py"], in_process("tests/test_search.py")),
+    "search": (["gradexp/sweeps/search/*.py"], in_process("tests/test_search.py")),
     "config": (["gradexp/config/*.py"],
                in_process("tests/test_config.py", "tests/test_registries.py", "tests/test_api.py",
                           "tests/test_faults.py", "tests/test_models.py",
                           "tests/test_user_data.py", "tests/test_sweep_resume.py",
                           "tests/test_search.py")),
-    "engine": (["gradexp/engine.py"],
+    "engine": (["gradexp/training/engine.py"],
                in_process("tests/test_batched.py", "tests/test_train.py")),
-    "launcher": (["hydra_plugins/gradexp_launcher/gradexp_launcher.py", "gradexp/worker.py"],
+    "launcher": (["hydra_plugins/gradexp_launcher/gradexp_launcher.py", "gradexp/sweeps/worker.py"],
                  in_process("tests/test_batched.py", "tests/test_sweeps.py")),
 }
 
@@ -307,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                              "kill (but the listed equivalents), with the checkout's tests")
     parser.add_argument("--only", nargs="+", metavar="PATTERN",
                         help="test only the mutants whose names match one of these fnmatch "
-                             "patterns (e.g. 'gradexp.clipping.zclip.*'), the others left as "
+                             "patterns (e.g. 'gradexp.parts.clipping.zclip.*'), the others left as "
                              "they were: not checked in a fresh scratch copy, or as the last "
                              "run left them with --survivors")
     parser.add_argument("--max-children", type=int, default=1,

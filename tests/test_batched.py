@@ -1,5 +1,5 @@
-"""A sweep's runs trained as one batch (gradexp/engine.py, `hydra/launcher=gradexp`) are their
-separate runs, number for number: each test compares the batch's run directories with runs
+"""A sweep's runs trained as one batch (gradexp/training/engine.py, `hydra/launcher=gradexp`) are
+their separate runs, number for number: each test compares the batch's run directories with runs
 made alone, byte for byte."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from test_sweep_resume import rows, start, summary_of, the_sweep, wait_for
 from test_sweeps import runs, sweep
 
 from conftest import QUICK, events, gradexp
-from gradexp import engine, grouping
 from gradexp import train as training
+from gradexp.sweeps import grouping
+from gradexp.training import engine
 
 pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
 
@@ -228,11 +229,11 @@ def test_runs_that_cannot_share_a_program_train_each_on_its_own(tmp_path):
     lambda k: k.optimizers.LossScaleOptimizer(k.optimizers.Adam(0.1))],
     ids=["sgd", "momentum", "nesterov", "adam", "adamw", "lion", "loss_scale"])
 def test_the_stateless_update_is_kerass_update(make):
-    """gradexp.optimizers.stateless_update is Keras's own stateless_apply for any optimizer:
+    """gradexp.parts.optimizers.stateless_update is Keras's own stateless_apply for any optimizer:
     three steps of it on the same gradients, compiled by XLA, give Keras's `apply` bit for bit,
     and leave the optimizer's variables as they were."""
-    from gradexp import optimizers
     from gradexp._tf import keras, tf
+    from gradexp.parts import optimizers
 
     rng = np.random.default_rng(0)
     start = [rng.normal(size=(3, 2)).astype("float32"), rng.normal(size=2).astype("float32")]
@@ -320,10 +321,10 @@ def test_the_launcher_groups_by_structure_splits_at_max_batch_and_for_its_worker
 
 
 def test_the_command_line_that_names_the_launcher_forks_its_workers_before_hydra_starts():
-    """gradexp.worker.early_workers: the workers forked at the entry point (their TensorFlow
+    """gradexp.sweeps.worker.early_workers: the workers forked at the entry point (their TensorFlow
     import is what a batched sweep waits for) only for a sweep whose command line names the
     launcher and no option Hydra answers without a sweep."""
-    from gradexp.worker import early_workers
+    from gradexp.sweeps.worker import early_workers
 
     assert early_workers(["-m", "hydra/launcher=gradexp", "clip=null,0.1"]) == 1
     assert early_workers(["clip=0.1", "--multirun", "hydra/launcher=gradexp",
@@ -391,7 +392,7 @@ STOPPABLE = ["hydra/launcher=gradexp", "clip=null,0.1", "seed=0", "trainer.steps
 
 
 def worker_of(process) -> int:
-    """The pid of the launcher's worker process (gradexp/worker.py): its one child."""
+    """The pid of the launcher's worker process (gradexp/sweeps/worker.py): its one child."""
     (child,) = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
     return int(child)
 

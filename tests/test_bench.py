@@ -47,7 +47,8 @@ def test_the_sweep_bench_reads_run_logs_counts_overlap_once_and_takes_the_faster
     one and two workers (medians of rounds)."""
     import time
 
-    from gradexp import bench_sweeps, grouping
+    from gradexp.bench import sweeps as bench_sweeps
+    from gradexp.sweeps import grouping
     from gradexp.train import run_logger
 
     job = grouping.Job(None, tmp_path, [])
@@ -79,7 +80,7 @@ def test_the_sweep_bench_reads_run_logs_counts_overlap_once_and_takes_the_faster
 
 
 def test_a_figure_is_steady_when_every_round_lies_within_ten_percent_of_its_median():
-    from gradexp import rounds
+    from gradexp.bench import rounds
 
     figures = rounds.ratio("speedup", [30.0, 33.0, 31.0], [10.0, 10.0, 10.0])
     assert figures == {"speedup": 3.1, "speedup_min": 3.0, "speedup_max": 3.3}

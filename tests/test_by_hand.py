@@ -97,7 +97,9 @@ def first_update(g, o):
 def initial_weights_and_batches(cfg):
     """The run's model as it was built (same seed, same order of calls as gradexp.train) and
     its first two training batches, as float64 arrays."""
-    from gradexp import config, data, devices, models
+    from gradexp import config
+    from gradexp.parts import data, models
+    from gradexp.training import devices
 
     devices.prepare_process(cfg.device, cfg.precision, cfg.seed, cfg.deterministic)
     arrays = data.load(cfg.dataset)

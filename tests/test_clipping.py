@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from gradexp import config
 from gradexp._tf import keras, tf
-from gradexp.clipping import METHODS, make_clipper
+from gradexp.parts.clipping import METHODS, make_clipper
 
 MODES = {
     "eager": lambda f: f,
@@ -53,7 +53,8 @@ STATS = {"norm_before", "norm_after", "threshold", "clipped"}
 
 class Stateful:
     """A method with its state held in variables between calls, as a run holds it (the carry of
-    gradexp/checkpoints.py): `clipper(grads, params)` -> (grads, stats); `state_variables`."""
+    gradexp/training/checkpoints.py): `clipper(grads, params)` -> (grads, stats);
+    `state_variables`."""
 
     def __init__(self, method, params):
         self.method, self.initial = method, method.init(params)
@@ -765,7 +766,8 @@ def test_agc_output_params_as_variables_paths_or_booleans():
 @pytest.mark.parametrize("method", ["adagc", "autoclip", "zclip"])
 def test_a_restored_state_goes_on_as_if_never_stopped(method, tmp_path):
     """The state variables are the whole state: a clipper restored from a checkpoint of them (as
-    gradexp/checkpoints.py writes it) clips the following steps exactly as the one that saved."""
+    gradexp/training/checkpoints.py writes it) clips the following steps exactly as the one that
+    saved."""
     norms = [1.0, 1.2, 0.9, 1.1, 0.95, 40.0, 1.05, 0.9, 30.0, 1.0, 1.1, 0.97]
     steps = [gradients_at(t, norm=norm) for t, norm in enumerate(norms)]
     params = params_for_steps()
@@ -861,7 +863,7 @@ def test_agc_skips_a_parameter_anywhere_in_the_list_and_at_the_bound_does_not_co
     """AGC by hand on rank-1 parameters (one unit each: the norm of the whole vector), λ = 0.5:
     bound = λ · max(‖w‖, eps). An excluded parameter first in the list passes and the ones after
     it are still clipped; a gradient exactly at its bound is unchanged and not counted."""
-    from gradexp.clipping.agc import adaptive_clip
+    from gradexp.parts.clipping.agc import adaptive_clip
 
     w = variables([np.array([2.0, 0.0], np.float32), np.array([3.0, 4.0], np.float32)])
     g = [tf.constant([1.0, 0.0]), tf.constant([6.0, 8.0])]  # norms 1 and 10; bounds 1 and 2.5
@@ -876,7 +878,7 @@ def test_agc_skips_a_parameter_anywhere_in_the_list_and_at_the_bound_does_not_co
 
 
 def test_output_params_as_booleans_must_be_one_per_parameter():
-    from gradexp.clipping.common import output_paths, variable_path
+    from gradexp.parts.clipping.common import output_paths, variable_path
 
     params = variables([np.ones((3, 2), np.float32), np.ones((2,), np.float32)])
     assert output_paths(params, [False, True]) == {variable_path(params[1])}
@@ -888,7 +890,7 @@ def test_autoclip_history_evicts_the_oldest_norm_when_it_first_fills_and_on_a_ti
     """The sorted history by hand (size 3): after 1, 5, 3 it is full; the 4th norm, 2, evicts
     the oldest (1), not the largest: [2, 3, 5]. Then 5 arrives while 5 is the oldest: a tie,
     the history stays sorted, [2, 3, 5] (a minimum of 2 and a maximum of 5)."""
-    from gradexp.clipping.autoclip import NormHistory, percentile, record
+    from gradexp.parts.clipping.autoclip import NormHistory, percentile, record
 
     history = NormHistory.create(3)
     assert float(percentile(history, 50.0)) == np.inf  # empty: inf (clips nothing), not NaN
@@ -924,7 +926,7 @@ def test_zclip_called_with_its_defaults_clips_a_spike_by_hand():
     cap), by hand: warm-up norms 1 and 3 give μ = 2, σ = 1; then ‖g‖ = 10, z = 8 > z_t = 2.5,
     is clipped to μ + z_t·σ / (z / z_t) = 2 + 2.5 / 3.2 = 2.78125 (z and the threshold
     μ + z_t·(σ + 1e-6) carry ZClip's eps)."""
-    from gradexp.clipping.zclip import ZClipState, zclip
+    from gradexp.parts.clipping.zclip import ZClipState, zclip
 
     state = ZClipState.create(2)
     for g in (1.0, 3.0):
@@ -943,7 +945,7 @@ def test_zclip_at_its_boundaries_by_hand():
     z-score mode (z = (g − μ)/(σ + 1e-6) = z_t = 2.5 exactly for g = 4.5000024 in float32)
     and in percentile mode (g = μ + z_t·σ = 4 with z_t = 2). Warm-up norms 2 and 2 (σ = 0):
     3 is a spike (z = 1/1e-6), clipped to μ = 2, and the boundary is μ + z_t·1e-6."""
-    from gradexp.clipping.zclip import ZClipState, zclip
+    from gradexp.parts.clipping.zclip import ZClipState, zclip
 
     def warmed(norms, z_threshold, **options):
         state = ZClipState.create(len(norms))
@@ -968,7 +970,7 @@ def test_zclip_cap_at_exactly_the_norm_and_a_non_finite_warmup_step():
     """ZClip's cap (max_grad_norm = 5) during the warm-up: ‖[3, 4]‖ = 5 passes and does not
     count, ‖[6, 8]‖ = 10 is halved. An infinite norm in the warm-up passes and leaves every
     statistic (the collected norms, the count, μ, σ²) as it was."""
-    from gradexp.clipping.zclip import ZClipState, zclip
+    from gradexp.parts.clipping.zclip import ZClipState, zclip
 
     state = ZClipState.create(3)
     out, state, stats = zclip([tf.constant([3.0, 4.0])], state, 0.9, 2.5, max_grad_norm=5.0)
@@ -993,9 +995,9 @@ def test_clipping_state_is_named_for_checkpoints_and_kept_from_the_first_replica
     """A run's carry (the method's state, then the spike detector's) is held in variables named
     by the state's fields, a checkpoint's keys (a resumed run finds them by these names); under
     a distribution strategy the first replica's write is kept."""
-    from gradexp import data
-    from gradexp.checkpoints import RunState
-    from gradexp.step import make_step
+    from gradexp.parts import data
+    from gradexp.training.checkpoints import RunState
+    from gradexp.training.step import make_step
 
     cfg = make_cfg("model.width=8", *overrides)
     state = RunState(tmp_path, make_step(cfg, data.load(cfg.dataset)),
@@ -1008,7 +1010,7 @@ def test_clipping_state_is_named_for_checkpoints_and_kept_from_the_first_replica
 def test_the_output_layer_is_told_by_its_variables_paths_not_their_names():
     """Every Dense layer has a `kernel` and a `bias`: the head is told by path (`logits/kernel`),
     so AGC's unclipped output layer is the model's last, not every layer's kernel."""
-    from gradexp.clipping.common import output_paths
+    from gradexp.parts.clipping.common import output_paths
 
     model = small_model()
     head = model.layers[-1]
@@ -1027,7 +1029,7 @@ def test_the_clipper_refuses_gradients_that_do_not_match_the_parameters():
 def test_a_method_that_loses_a_gradient_fails_loudly():
     """Method.update pairs each present gradient with its clipped one: a clip that returns fewer
     is a bug, not a run whose last gradients go unclipped."""
-    from gradexp.clipping.common import Method, NoState
+    from gradexp.parts.clipping.common import Method, NoState
 
     grads = [tf.ones(2), None, tf.ones(3)]
     params = [tf.Variable(tf.zeros(2)), tf.Variable(tf.zeros(1)), tf.Variable(tf.zeros(3))]

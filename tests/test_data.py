@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradexp import data
 from gradexp.config import ConfigError
+from gradexp.parts import data
 
 
 def dataset(make_cfg, name, *overrides):

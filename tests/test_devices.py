@@ -129,7 +129,7 @@ def test_a_run_resets_what_an_earlier_run_in_the_process_set():
     from tensorflow.python.framework import config as tf_config
 
     from gradexp._tf import keras
-    from gradexp.devices import prepare_process
+    from gradexp.training.devices import prepare_process
 
     prepare_process("cpu", "mixed_bfloat16", 0, deterministic=True)
     assert tf_config.is_op_determinism_enabled()

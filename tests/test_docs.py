@@ -139,7 +139,7 @@ def test_the_bench_json_renders_as_its_page(tmp_path):
     assert rows[3] == "| `steps_per_s_gradexp` | 4,512 |"
     assert len(rows) == 4 and list(tmp_path.iterdir()) == [tmp_path / "bench.json"]
     about = {"about": {"when": "2026-12-05", "on": "2 CPU cores"}, "figures": figures}
-    from gradexp.bench_report import markdown
+    from gradexp.bench.report import markdown
 
     page = markdown(about)
     assert "- **when**: 2026-12-05\n- **on**: 2 CPU cores\n" in page

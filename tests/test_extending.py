@@ -24,8 +24,8 @@ CODE = {
 
         import tensorflow as tf
 
-        from gradexp.clipping import Method
-        from gradexp.clipping.common import clip_stats, global_norm
+        from gradexp.parts.clipping import Method
+        from gradexp.parts.clipping.common import clip_stats, global_norm
 
 
         class Count(NamedTuple):

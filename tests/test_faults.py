@@ -90,7 +90,7 @@ def test_two_resumes_at_once_one_trains_and_the_other_exits_in_one_line(tmp_path
 def test_the_lock_is_held_while_a_run_trains_and_let_go_when_it_ends(make_cfg, tmp_path):
     """Another process cannot take a held run's lock and is told who holds it; once the run
     has ended (here, in this process) it can; letting go of a lock not held does nothing."""
-    from gradexp import runlock
+    from gradexp.runs import runlock
     from gradexp.train import train
 
     def other_process_takes(run_dir: Path) -> subprocess.CompletedProcess:
@@ -103,7 +103,7 @@ def test_the_lock_is_held_while_a_run_trains_and_let_go_when_it_ends(make_cfg, t
     refused = other_process_takes(tmp_path)
     assert refused.returncode == 1 and "taken" not in refused.stdout
     assert refused.stderr.strip().splitlines()[-1] == (
-        f"gradexp.runlock.RunBusy: {tmp_path}: the run is held by another process (pid "
+        f"gradexp.runs.runlock.RunBusy: {tmp_path}: the run is held by another process (pid "
         f"{os.getpid()} on {socket.gethostname()}); a run has one writer: wait for it to end, "
         "or stop it first")
     runlock.release(tmp_path)
@@ -177,7 +177,7 @@ def test_a_run_asked_to_restart_when_every_checkpoint_is_damaged_starts_over(mak
                                                                              tmp_path):
     """trainer.on_damaged_checkpoint=restart: a run whose every checkpoint is damaged is
     cleared and trains from step 0; its table is then an uninterrupted run's."""
-    from gradexp import runlock
+    from gradexp.runs import runlock
     from gradexp.train import train
 
     cfg = make_cfg("trainer.steps=40", "trainer.log_every=10", "trainer.eval_every=20",
@@ -268,8 +268,8 @@ def test_a_table_on_a_full_device_fails_in_one_line_and_the_next_run_writes(make
     the same process writes its own."""
     import numpy as np
 
-    from gradexp import logs
-    from gradexp.write_errors import WriteFailed
+    from gradexp.runs.write_errors import WriteFailed
+    from gradexp.training import logs
 
     cfg, names = make_cfg(), ["loss/train", "grad_norm/global"]
     (tmp_path / "full").mkdir()
@@ -298,7 +298,7 @@ def test_only_a_write_that_failed_is_called_one(tmp_path):
     import errno
 
     from gradexp._tf import tf
-    from gradexp.write_errors import WriteFailed, explain, writing
+    from gradexp.runs.write_errors import WriteFailed, explain, writing
 
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "summary.json.tmp"))
     assert explain(full) == f"cannot write: No space left on device ({full.filename})"
@@ -509,7 +509,7 @@ def test_a_ray_address_is_null_auto_local_or_a_host_and_port():
 
 # keys only Hydra's type check needs (a flag, shell lines, a mapping passed on as it is), the
 # Ray launcher's `init` (checked against ray.init's arguments), and the search's own, checked
-# with its space (gradexp/search/space.py)
+# with its space (gradexp/sweeps/search/space.py)
 TYPE_ONLY = {"_target_", "stderr_to_stdout", "additional_parameters", "setup", "init", "params"}
 SEARCH_ONLY = {"n_trials", "n_jobs", "objective", "sampler", "enqueue"}
 

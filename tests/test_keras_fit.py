@@ -13,13 +13,13 @@ import pandas as pd
 import pytest
 
 from conftest import event_scalars, events, gradexp
-from gradexp import rundir
 from gradexp._tf import keras
 from gradexp.analysis.runs import read_metrics
 from gradexp.config import ConfigError
 from gradexp.keras import Telemetry
-from gradexp.layers import ClipGradient
-from gradexp.step import metric_names
+from gradexp.parts.layers import ClipGradient
+from gradexp.runs import rundir
+from gradexp.training.step import metric_names
 
 pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
 
@@ -65,8 +65,8 @@ def fit_and_own_rows(cfg, run_dir, optimizer, steps=3, **compile_kwargs):
     for `steps` batches of trainer.batch_size, unshuffled; before each batch its weights are
     kept, and gradexp's own step of `cfg` is run on them and on that batch. Returns (the fit's
     metrics.csv, gradexp's rows as {name: value}, the clip layers' positions)."""
-    from gradexp import data
-    from gradexp.step import State, make_step
+    from gradexp.parts import data
+    from gradexp.training.step import State, make_step
 
     batch = cfg.trainer.batch_size
     arrays = data.load(cfg.dataset)
@@ -327,7 +327,7 @@ def test_the_record_reads_the_settings_off_the_model_in_gradexps_keys():
     """fit_config.record: bounds ±c as clip=c, asymmetric ones as layer.clip_min/max, a key the
     layers differ on as their list; Keras's clipnorm as clipping=norm; Adam's learning rate as
     float32 spells it; a Loss object's reduction; the user's settings, in config and overrides."""
-    from gradexp import fit_config
+    from gradexp.training import fit_config
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8,))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gradexp._tf import keras, tf
-from gradexp.layers import STATS, ClipGradient, clip_gradient
+from gradexp.parts.layers import STATS, ClipGradient, clip_gradient
 
 MODES = {
     "eager": lambda f: f,
@@ -295,8 +295,8 @@ def test_a_mixed_float16_layer_clips_to_its_float32_bounds():
 
 
 def test_the_layer_clips_to_its_bounds_weight_without_a_retrace():
-    """The bounds are data (gradexp/engine.py loads each run's): after assigning [−0.5, 0.2]
-    to `clip_bounds` the same compiled function clips dy = [0.3, −0.8, 0.1] to [0.2, −0.5, 0.1]
+    """The bounds are data (gradexp/training/engine.py loads each run's): after assigning [−0.5,
+    0.2] to `clip_bounds` the same compiled function clips dy = [0.3, −0.8, 0.1] to [0.2, −0.5, 0.1]
     where ±0.1 gave [0.1, −0.1, 0.1], and ±inf leaves it as it is; one trace for all three."""
     layer = ClipGradient(-0.1, 0.1)
     x = tf.ones((1, 3))

@@ -1,5 +1,5 @@
-"""gradexp.measures, the rules the trainer and the summary share, on small arrays by hand (NumPy
-only: fast)."""
+"""gradexp.runs.measures, the rules the trainer and the summary share, on small arrays by hand
+(NumPy only: fast)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from gradexp.measures import (
+from gradexp.runs.measures import (
     FINAL_FRACTION,
     diverged,
     divergence_step,

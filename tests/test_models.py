@@ -7,11 +7,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gradexp import config, models, telemetry
+from gradexp import config
 from gradexp._tf import tf
-from gradexp.layers import STATS, clip_gradient
-from gradexp.step import metric_names
+from gradexp.parts import models
+from gradexp.parts.layers import STATS, clip_gradient
 from gradexp.train import train
+from gradexp.training import telemetry
+from gradexp.training.step import metric_names
 
 TINY_MODELS = {
     "mlp": ["model.depth=2", "model.width=8"],

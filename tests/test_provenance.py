@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from gradexp import provenance
+from gradexp.runs import provenance
 
 GIT_ID = ["-c", "user.name=test", "-c", "user.email=test@example.com", "-c",
           "commit.gpgsign=false"]

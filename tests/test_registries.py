@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from conftest import CONF
-from gradexp import clipping, config, data, models, optimizers
+from gradexp import config
+from gradexp.parts import clipping, data, models, optimizers
 
 GROUPS = {  # group: (schemas, builders)
     "model": (config.ModelConfig.OPTIONS, models.BUILDERS),
@@ -44,8 +45,9 @@ def test_every_yaml_has_a_schema_and_a_builder_and_every_schema_a_yaml(group):
 
 
 def test_a_name_without_a_builder_is_a_clear_error():
-    with pytest.raises(config.NotRegistered, match=r"^model=nosuch: no builder is registered "
-                       r"under this name in gradexp/models.py; registered: cnn, keras, mlp, rnn"):
+    with pytest.raises(config.NotRegistered,
+                       match=r"^model=nosuch: no builder is registered under this name in "
+                             r"gradexp/parts/models.py; registered: cnn, keras, mlp, rnn"):
         models.BUILDERS["nosuch"]
 
 

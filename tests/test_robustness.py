@@ -18,7 +18,7 @@ import pytest
 from conftest import QUICK, REPO, gradexp
 from gradexp.analysis.metrics import run_metrics, table_divergence_step
 from gradexp.analysis.runs import load_runs, read_metrics
-from gradexp.measures import diverged
+from gradexp.runs.measures import diverged
 from gradexp.train import train
 
 pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
@@ -233,7 +233,7 @@ def test_a_resumed_run_reads_back_the_float32_numbers_it_wrote(tmp_path):
     before the stop, so it must read them as the float32 they were."""
     from omegaconf import OmegaConf
 
-    from gradexp.logs import RunLog
+    from gradexp.training.logs import RunLog
 
     losses = np.float32([0.1, 1 / 3, 2.718281828, 1e-7, 12345.678])
     assert float(f"{losses[0]:.9g}") != float(losses[0])  # what a float64 parse would give
@@ -264,8 +264,8 @@ def test_sigkill_loses_at_most_the_unflushed_steps_and_summarize_marks_it(tmp_pa
     tidy = pd.read_csv(run_dir.parent / "summary.csv", keep_default_na=False, na_values=[""])
     assert (tidy["incomplete"] == 1).all()
     # a killed run can be resumed from its last checkpoint; the rows after it are redone
-    from gradexp.logs import keep_rows
-    from gradexp.rundir import check_resumable
+    from gradexp.runs.rundir import check_resumable
+    from gradexp.training.logs import keep_rows
 
     check_resumable(run_dir, [])
     header = list(table.columns)
@@ -278,7 +278,7 @@ def test_resume_refuses_a_run_whose_process_is_still_going(tmp_path):
     resume would have two processes writing one directory."""
     import socket
 
-    from gradexp.rundir import NotResumable, check_resumable
+    from gradexp.runs.rundir import NotResumable, check_resumable
 
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "overrides.yaml").write_text("[]\n")
@@ -319,7 +319,7 @@ def test_a_taken_run_directory_is_never_reused(tmp_path):
     <time>_1, then _2. (The callback acts before Hydra makes the directory.)"""
     from omegaconf import OmegaConf
 
-    from gradexp.callbacks import _never_reuse
+    from gradexp.sweeps.callbacks import _never_reuse
 
     taken = tmp_path / "12-00-00"
     node = OmegaConf.create({"dir": str(taken)})

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from conftest import gradexp
-from gradexp.measures import search_objective, trial_objective
+from gradexp.runs.measures import search_objective, trial_objective
 
 pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
 

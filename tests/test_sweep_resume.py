@@ -313,7 +313,7 @@ def test_a_job_refuses_a_run_of_another_config_or_a_live_run_in_its_directory(ma
     import pytest
     from omegaconf import OmegaConf
 
-    from gradexp.rundir import NotResumable
+    from gradexp.runs.rundir import NotResumable
     from gradexp.train import rundir_action
 
     cfg = make_cfg("clip=0.1")
@@ -346,8 +346,8 @@ def test_a_sweep_made_through_the_entry_point_in_this_process_is_planned_run_by_
     import pytest
     from omegaconf import OmegaConf
 
-    from gradexp import resume
-    from gradexp.rundir import NotResumable
+    from gradexp.runs.rundir import NotResumable
+    from gradexp.sweeps import resume
 
     overrides = ["seed=0,1", "trainer.jit_compile=false", "trainer.steps=20",
                  "trainer.log_every=10", "trainer.eval_every=20", "trainer.histogram_every=0",

@@ -205,7 +205,7 @@ def test_an_hparam_has_one_type_in_every_run_whichever_method_the_run_uses(make_
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    from gradexp.logs import hparams, write_hparams_config
+    from gradexp.training.logs import hparams, write_hparams_config
 
     configs = [make_cfg("clipping=global_norm"), make_cfg("clipping=norm"),
                make_cfg("clipping=global_norm", "clipping.max_norm=null"),

@@ -1,12 +1,12 @@
-"""Per-layer telemetry (gradexp/telemetry.py) against norms computed by hand from the weights
-before and after a real compiled step, and from the gradient of the same batch."""
+"""Per-layer telemetry (gradexp/training/telemetry.py) against norms computed by hand from the
+weights before and after a real compiled step, and from the gradient of the same batch."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gradexp import telemetry
+from gradexp.training import telemetry
 
 pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
 
@@ -26,9 +26,9 @@ def by_layer(variables, tensors) -> dict[str, float]:
 @pytest.mark.parametrize("xla", [True, False])
 def test_each_per_layer_norm_equals_one_computed_by_hand(make_cfg, tmp_path, optimizer, xla):
     from conftest import first_call, started
-    from gradexp import data
     from gradexp._tf import tf
-    from gradexp.step import task_loss
+    from gradexp.parts import data
+    from gradexp.training.step import task_loss
 
     cfg = make_cfg(*STEP, f"optimizer={optimizer}", f"trainer.jit_compile={str(xla).lower()}")
     run, engine = started(cfg, tmp_path, 1)
@@ -90,8 +90,8 @@ def test_agc_in_the_step_leaves_the_output_layer_unclipped(make_cfg, tmp_path):
 
 
 def test_the_switch_turns_the_telemetry_off_and_names_its_columns(make_cfg):
-    from gradexp import data
-    from gradexp.step import make_step, metric_names
+    from gradexp.parts import data
+    from gradexp.training.step import make_step, metric_names
 
     cfg = make_cfg("model.width=8", "trainer.layer_norms=false")
     compiled = make_step(cfg, data.load(cfg.dataset))
@@ -111,7 +111,8 @@ def test_the_switch_turns_the_telemetry_off_and_names_its_columns(make_cfg):
 
 # ------------------------------------------------------------------ spike detection and skip
 def spike_reference(xs, z_t, warmup, alpha):
-    """gradexp/spikes.py's rule written out in numpy (float64), for one series of (loss, norm)."""
+    """gradexp/training/spikes.py's rule written out in numpy (float64), for one series of (loss,
+    norm)."""
     mean, var, seen, skipped = np.zeros(2), np.zeros(2), 0, []
     for x in np.asarray(xs, dtype=np.float64):
         z = (x - mean) / (np.sqrt(var) + 1e-12)
@@ -132,7 +133,7 @@ def spike_reference(xs, z_t, warmup, alpha):
 
 def test_the_spike_detector_follows_its_rule_step_by_step():
     from gradexp._tf import tf
-    from gradexp.spikes import SpikeDetector
+    from gradexp.training.spikes import SpikeDetector
 
     rng = np.random.default_rng(0)
     loss = 2.0 + 0.05 * rng.standard_normal(60)

@@ -128,7 +128,7 @@ def test_clip_fraction_is_the_share_of_elements_changed(clipped_run):
     """From a clip layer's statistics [Σg², Σdx², changed, count]: ‖dy‖ before and after and the
     fraction changed / count (by hand: 3 of 12); and in a real clipped run every logged fraction
     is a share, in [0, 1], with some elements clipped at ±0.1."""
-    from gradexp.step import layer_metrics
+    from gradexp.training.step import layer_metrics
 
     m = {k: float(v) for k, v in layer_metrics("d", [4.0, 1.0, 3.0, 12.0]).items()}
     assert m == {"grad_norm/d/pre": 2.0, "grad_norm/d/post": 1.0, "clip_fraction/d": 0.25}
@@ -140,7 +140,7 @@ def test_clip_fraction_is_the_share_of_elements_changed(clipped_run):
 def test_clip_fraction_of_one_element_and_of_none():
     """layer_metrics by hand at the edges of its denominator max(count, 1): one element,
     clipped, is a fraction of 1; no element at all (an empty batch) is 0, not NaN."""
-    from gradexp.step import layer_metrics
+    from gradexp.training.step import layer_metrics
 
     assert float(layer_metrics("d", [4.0, 1.0, 1.0, 1.0])["clip_fraction/d"]) == 1.0
     assert float(layer_metrics("d", [0.0, 0.0, 0.0, 0.0])["clip_fraction/d"]) == 0.0
@@ -161,7 +161,7 @@ def test_unclipped_run_has_equal_pre_and_post_norms(make_cfg, tmp_path):
 def test_success_criterion_of_pascanu_et_al():
     """measures.success_step / succeeded against hand-computed cases: the first evaluation
     whose error rate is below the bound, judged again at the final evaluation."""
-    from gradexp.measures import succeeded, success_step
+    from gradexp.runs.measures import succeeded, success_step
 
     nan = float("nan")
     steps = [1, 2, 3, 4, 5, 6]
@@ -180,9 +180,9 @@ def test_the_error_rate_counts_sequences_whose_squared_error_exceeds_the_thresho
     """error_rate/val is #{(ŷ − y)² > 0.04} / n over the held-out set (checked against a count
     from a model's own predictions); it fills the table at each evaluation, and success and
     its step reach summary.json."""
-    from gradexp import data
     from gradexp._tf import tf
-    from gradexp.step import make_step
+    from gradexp.parts import data
+    from gradexp.training.step import make_step
 
     overrides = ["model=rnn", "model.units=8", "dataset=adding", "dataset.length=10",
                  "dataset.variant=pascanu2013", "dataset.stream=true", "dataset.num_examples=300",
@@ -209,8 +209,9 @@ def test_the_error_rate_counts_sequences_whose_squared_error_exceeds_the_thresho
 def test_the_step_refuses_a_model_that_cannot_take_the_datasets_examples(make_cfg):
     """make_step checks the arrays' actual shape before it builds anything: an RNN given
     the teacher's vectors (32,) is refused with the message the config check would give."""
-    from gradexp import config, data
-    from gradexp.step import make_step
+    from gradexp import config
+    from gradexp.parts import data
+    from gradexp.training.step import make_step
 
     cfg = make_cfg("model=rnn", "dataset=teacher", "dataset.num_examples=160")
     arrays = data.load(cfg.dataset)
@@ -245,10 +246,10 @@ def test_the_pure_step_is_the_engines_compiled_step(make_cfg, tmp_path):
     the rows of the engine's compiled call and the state it writes into the run's variables,
     which it does not touch itself."""
     from conftest import first_call, started
-    from gradexp import data
     from gradexp._tf import tf
-    from gradexp.engine import own_variables
-    from gradexp.step import State
+    from gradexp.parts import data
+    from gradexp.training.engine import own_variables
+    from gradexp.training.step import State
 
     cfg = make_cfg("model.width=8", "clip=0.1", "clipping=zclip", "clipping.warmup_steps=1")
     run, engine = started(cfg, tmp_path, 2)
@@ -279,11 +280,11 @@ def test_the_pure_step_is_the_engines_compiled_step(make_cfg, tmp_path):
 
 
 def test_gradient_histograms_are_tensorboards_own_buckets():
-    """gradexp.logs.histogram_pb counts with np.bincount what TensorBoard's histogram_pb counts
-    with a one-hot matrix: the same proto, byte for byte, special cases included."""
+    """gradexp.training.logs.histogram_pb counts with np.bincount what TensorBoard's histogram_pb
+    counts with a one-hot matrix: the same proto, byte for byte, special cases included."""
     from tensorboard.plugins.histogram import summary_v2 as histogram
 
-    from gradexp.logs import histogram_pb
+    from gradexp.training.logs import histogram_pb
 
     rng = np.random.default_rng(0)
     for data in (rng.normal(size=(64, 32)).astype(np.float32), rng.normal(size=7),

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from conftest import gradexp
-from gradexp import config, data, external_data
+from gradexp import config
 from gradexp.config import ConfigError
+from gradexp.parts import data, external_data
 from gradexp.train import train
 
 # The user's module, written beside where gradexp runs. 40 examples are held out.

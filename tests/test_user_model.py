@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import QUICK, gradexp
-from gradexp import config, insertion, models
+from gradexp import config
 from gradexp._tf import keras, tf
-from gradexp.layers import ClipGradient
+from gradexp.parts import insertion, models
+from gradexp.parts.layers import ClipGradient
 
 USER_MODELS = textwrap.dedent('''
     import keras
@@ -172,7 +173,7 @@ def test_a_bad_model_build_from_the_command_line_is_one_line_exit_2(user_dir):
 
 @pytest.mark.slow
 def test_any_keras_optimizer_by_name_with_its_arguments(make_cfg):
-    from gradexp.optimizers import make_optimizer
+    from gradexp.parts.optimizers import make_optimizer
 
     cfg = make_cfg("optimizer=keras", "optimizer.class_name=Lion",
                    "optimizer.learning_rate=0.01", "optimizer.kwargs.beta_1=0.95")
@@ -193,7 +194,7 @@ def test_any_keras_optimizer_by_name_with_its_arguments(make_cfg):
 @pytest.mark.slow
 def test_a_keras_loss_by_name_or_path_and_one_loss_per_example(user_dir, make_cfg):
     """huber (δ = 1) of y = 0, ŷ = 2: δ·(|e| − δ/2) = 1.5; of ŷ = 0.5: e²/2 = 0.125."""
-    from gradexp.step import check_loss, task_loss
+    from gradexp.training.step import check_loss, task_loss
 
     huber = task_loss(None, "huber")
     np.testing.assert_allclose(huber(np.zeros((2, 1)), np.array([[2.0], [0.5]])), [1.5, 0.125])
@@ -201,7 +202,7 @@ def test_a_keras_loss_by_name_or_path_and_one_loss_per_example(user_dir, make_cf
     assert task_loss(None, "my_losses:cube")(np.zeros(1), np.array([[2.0]]))[0] == 8.0
     with pytest.raises(config.ConfigError, match=r"^model.loss=nope: no such Keras loss"):
         task_loss(None, "nope")
-    from gradexp import data
+    from gradexp.parts import data
 
     cfg = make_cfg("model=keras", "model.build=my_models:make")
     arrays = data.load(cfg.dataset)
@@ -223,8 +224,8 @@ def test_a_keras_loss_by_name_or_path_and_one_loss_per_example(user_dir, make_cf
 def test_the_step_trains_on_the_configured_loss(user_dir, make_cfg):
     """model.loss reaches the step: its validation loss is the Keras loss's mean over the
     validation set; a loss of the wrong shape stops make_step in one line."""
-    from gradexp import data
-    from gradexp.step import make_step
+    from gradexp.parts import data
+    from gradexp.training.step import make_step
 
     (user_dir / "scalar_loss.py").write_text(  # a module name no other test imports
         "import keras\n\ndef total(y, out):\n    return keras.ops.sum(out)\n")

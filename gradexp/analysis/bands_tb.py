@@ -4,9 +4,9 @@ band (analysis.curves.across_seeds, the band of the PNGs) as a TensorBoard run
 step of the runs, and a Custom Scalars layout of margin charts (value with lower and upper: the
 only way TensorBoard draws a band) in each of those runs.
 
-Written as write_hparams_config in gradexp.logs writes: Event protos framed by TensorBoard's
-pure-Python RecordWriter; neither TensorFlow nor tf.summary is imported (the tensorboard
-package alone: ~0.3 s).
+Written as write_hparams_config in gradexp.training.logs writes: Event protos framed by
+TensorBoard's pure-Python RecordWriter; neither TensorFlow nor tf.summary is imported (the
+tensorboard package alone: ~0.3 s).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def band_metrics(curves: dict[str, list[pd.DataFrame]]) -> list[str]:
 
 def band_layout(metrics: list[str]):
     """The Custom Scalars layout: a margin chart per metric (mean, lower, upper), in two
-    categories whose titles differ from a run's own layout (gradexp.logs), so that a
+    categories whose titles differ from a run's own layout (gradexp.training.logs), so that a
     TensorBoard over the whole sweep keeps both."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.custom_scalar import layout_pb2, metadata

@@ -12,7 +12,6 @@ import math
 import numpy as np
 import pandas as pd
 
-from gradexp import rundir
 from gradexp.analysis.groups import (
     LR_KEY,
     SEED_KEY,
@@ -35,6 +34,7 @@ from gradexp.analysis.metrics import (
 )
 from gradexp.analysis.runs import LOSS, Run
 from gradexp.analysis.stats import clopper_pearson, interval, sign_test, t_interval
+from gradexp.runs import rundir
 
 COUNTS = ("runs", "completed", "diverged", "failed", "incomplete")
 # The summary's rules, each written here once and stated in the report (reports.RULES):

@@ -2,7 +2,7 @@
 (pandas' per-call overhead would dominate); `run_metrics` applies them all to one run's
 per-step table, with the knobs in `Settings`. A diverged run is measured on its steps before
 the divergence (`steps_before_divergence`). The divergence test, the final-loss window and the
-success criterion are gradexp.measures', shared with the trainer.
+success criterion are gradexp.runs.measures', shared with the trainer.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from gradexp.analysis.runs import GRAD_NORM, LOSS
-from gradexp.measures import divergence_step, final_loss, succeeded, success_step
+from gradexp.runs.measures import divergence_step, final_loss, succeeded, success_step
 
 METRICS: dict[str, str | None] = {  # each metric, the better direction (None: no wins)
     "diverged": "lower", "diverged_step": None, "final_loss": "lower", "val_loss": "lower",

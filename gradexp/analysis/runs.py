@@ -1,7 +1,7 @@
 """Finding and reading run directories: every run under a folder (`load_runs`), one run
 (`read_run`: its overrides, config, summary.json, status, per-step table and provenance), or an
 `Unreadable` with the reason it is left out; whether runs come from different code
-(`code_versions_warning`). The names inside a run directory are gradexp.rundir's.
+(`code_versions_warning`). The names inside a run directory are gradexp.runs.rundir's.
 TensorFlow loads only to read the event files of a run without metrics.csv (`read_events`).
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from gradexp import rundir
+from gradexp.runs import rundir
 
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # ~10x faster than pure Python
 LOSS, GRAD_NORM = "loss/train", "grad_norm/global"  # columns of a run's per-step table
@@ -156,7 +156,7 @@ def code_versions_warning(runs: list[Run]) -> str | None:
 
 
 def _codes(provenance: dict[str, Any]) -> list[dict[str, Any]]:
-    """The `code` records of a run's start and of each resume (gradexp.provenance)."""
+    """The `code` records of a run's start and of each resume (gradexp.runs.provenance)."""
     resumes = provenance.get("resumes")
     starts = [provenance, *(resumes if isinstance(resumes, list) else [])]
     return [s["code"] for s in starts if isinstance(s, dict) and isinstance(s.get("code"), dict)]

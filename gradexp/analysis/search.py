@@ -1,5 +1,5 @@
 """A search's history and its best value (`hydra/sweeper=optuna`): its search.csv
-(gradexp.search.record) joined with its runs' summaries.
+(gradexp.runs.search_record) joined with its runs' summaries.
 
 Each trial's seeds are re-measured from their runs (measures.search_objective, the sweeper's
 rule, on summary.json as it is now): mean, standard deviation (ddof 1) and range over seeds.
@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from gradexp import rundir
 from gradexp.analysis.runs import YAML_LOADER, Run
-from gradexp.measures import search_objective
-from gradexp.search.record import SEARCH_RECORD, searched_keys
+from gradexp.runs import rundir
+from gradexp.runs.measures import search_objective
+from gradexp.runs.search_record import SEARCH_RECORD, searched_keys
 
 MULTIRUN = rundir.SWEEP_RECORD  # Hydra's record of the sweep, at its root
 DEFAULT_OBJECTIVE = "final_loss"

@@ -1,6 +1,6 @@
 """The `clipping` group's schemas (conf/clipping/): parameter-gradient clipping, between
 tape.gradient and optimizer.apply. Each method's keys and checks; the methods themselves are in
-gradexp/clipping/, registered under the same names."""
+gradexp/parts/clipping/, registered under the same names."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class NoClippingConfig(ClippingConfig):
 @dataclass
 class FunctionClippingConfig(ClippingConfig):
     """A method given by its code alone: `method`, a dotted path to
-    `make(params, output_params, **kwargs) -> gradexp.clipping.Method` (its init/update pair),
+    `make(params, output_params, **kwargs) -> gradexp.parts.clipping.Method` (its init/update pair),
     called with `kwargs`; its settings are checked by that code, when the run starts."""
 
     name: str = "function"

@@ -1,5 +1,5 @@
 """The `dataset` group's schemas (conf/dataset/): each dataset's keys, its checks and the shape
-of one example. The loaders are in gradexp/data.py, registered under the same names."""
+of one example. The loaders are in gradexp/parts/data.py, registered under the same names."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from gradexp.config.base import (
 @dataclass
 class DatasetConfig(Choice):
     """A dataset; `input_shape()` is the shape of one example, None when only loading it tells
-    (then gradexp/step.py `make_step` checks that the model takes the loaded examples)."""
+    (then gradexp/training/step.py `make_step` checks that the model takes the loaded examples)."""
 
     OPTIONS: ClassVar[Registry] = Registry("dataset", "schema", "gradexp/config/dataset.py")
 
@@ -91,7 +91,7 @@ class AddingConfig(DatasetConfig):
     in the first 10% and in 10-50%); values in [0, 1] in both. With
     `error_threshold`, each evaluation logs `error_rate/val`, the share of held-out sequences
     whose squared error exceeds it (Pascanu et al.: 0.04), and a run succeeds when that share
-    ends below `success_below` (0.01). Definitions in gradexp/data.py `adding`."""
+    ends below `success_below` (0.01). Definitions in gradexp/parts/data.py `adding`."""
 
     name: str = "adding"
     num_examples: int = 4096  # the fixed set; with stream: true, all of it is held out
@@ -126,7 +126,7 @@ class AddingConfig(DatasetConfig):
 
 @dataclass
 class TeacherConfig(DatasetConfig):
-    """Regression on a random deep tanh network's output, for deep MLPs (gradexp/data.py
+    """Regression on a random deep tanh network's output, for deep MLPs (gradexp/parts/data.py
     `teacher`): `depth` layers of `width`, weights N(0, gain²/fan_in), targets standardised."""
 
     name: str = "teacher"
@@ -217,9 +217,9 @@ TASKS = ("auto", "classification", "regression")
 
 @dataclass
 class LoadedConfig(DatasetConfig):
-    """Data from outside gradexp (gradexp/external_data.py), whose shapes and task only loading
-    tells. `task: auto` reads it from the labels: integers are class labels (num_classes: the
-    largest label + 1), floats the targets of a regression; `num_classes` sets the classes."""
+    """Data from outside gradexp (gradexp/parts/external_data.py), whose shapes and task only
+    loading tells. `task: auto` reads it from the labels: integers are class labels (num_classes:
+    the largest label + 1), floats the targets of a regression; `num_classes` sets the classes."""
 
     name: str = MISSING
     task: str = "auto"

@@ -24,7 +24,7 @@ from gradexp.config.model import ModelConfig
 from gradexp.config.optimizer import OptimizerConfig
 from gradexp.config.root import Config
 from gradexp.config.search import SearchSweeperConfig
-from gradexp.rundir import HYDRA, NotResumable
+from gradexp.runs.rundir import HYDRA, NotResumable
 
 if TYPE_CHECKING:
     from hydra.core.config_loader import ConfigLoader
@@ -103,7 +103,7 @@ def task_config(sweep_config: DictConfig) -> DictConfig:
 def compose_once(loader: ConfigLoader, master: DictConfig) -> None:
     """Make `loader.load_sweep_config` compose each job of the sweep `master` starts once.
 
-    A job is composed to check it before the sweep (gradexp.callbacks.Checks), again by the
+    A job is composed to check it before the sweep (gradexp.sweeps.callbacks.Checks), again by the
     sweeper to check its batch (Hydra's `validate_batch_is_legal`), and again by the launcher to
     run it: ~0.25 s each, on the critical path of a sweep of short runs. The first compose is
     kept; the later calls with the same master config and overrides get a deep copy of it

@@ -1,6 +1,6 @@
 """The `layer` node (conf/config.yaml): the settings of the clip layers inserted in the model,
 and `clip_spec`, which resolves them once (with the top-level `clip` and the model's positions)
-into the ClipSpec that gradexp/models.py builds the layers from."""
+into the ClipSpec that gradexp/parts/models.py builds the layers from."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The `model` group's schemas (conf/model/): each model's keys, its checks, the names of the
 positions where a clip layer may go, and which inputs it takes. The builders are in
-gradexp/models.py, registered under the same names."""
+gradexp/parts/models.py, registered under the same names."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class RNNConfig(ModelConfig):
     time step: backpropagation through time is clipped step by step), then `rnn_<i>`, the
     layer's output. `init: keras`: the recurrent kernel starts as `recurrent_gain` × a random
     orthogonal matrix (above 1, gradients through time can explode), the others Glorot;
-    `init: pascanu2013` (the paper's "smart_tanh", gradexp/models.py SparseSpectral): 15
+    `init: pascanu2013` (the paper's "smart_tanh", gradexp/parts/models.py SparseSpectral): 15
     non-zeros per row scaled to spectral radius `recurrent_gain`, inputs and output ~ N(0, 0.01²).
     """
 
@@ -173,8 +173,8 @@ class KerasModelConfig(ModelConfig):
     """A Keras model of the user's: `build` is a dotted path (`my_pkg.models:make`) to
     `make(input_shape, num_outputs, **kwargs)`, which returns a Functional or Sequential model
     (a subclassed one holds its own ClipGradient layers). Its positions are its layers' names,
-    known once it is built (gradexp/insertion.py). `loss`: per example, `auto` (cross-entropy of
-    logits, or squared error for regression), a Keras loss function's name (`huber`,
+    known once it is built (gradexp/parts/insertion.py). `loss`: per example, `auto` (cross-entropy
+    of logits, or squared error for regression), a Keras loss function's name (`huber`,
     `mean_absolute_error`, ...) or a dotted path to `loss(y, outputs) -> per-example loss`."""
 
     name: str = "keras"

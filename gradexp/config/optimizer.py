@@ -1,5 +1,5 @@
 """The `optimizer` group's schemas (conf/optimizer/): each optimizer's keys and checks. The
-factories are in gradexp/optimizers.py, registered under the same names."""
+factories are in gradexp/parts/optimizers.py, registered under the same names."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The settings of the sweep's launcher and sweeper (`hydra.launcher.*`, `hydra.sweeper.*`),
 checked up front like the run's own: one line naming the key and what it takes, exit 2, before
-any process, cluster or worker starts (gradexp.callbacks.PluginChecks, the first callback).
+any process, cluster or worker starts (gradexp.sweeps.callbacks.PluginChecks, the first callback).
 
 Hydra has checked their keys and types against each plugin's schema when it composed the config
 (a flag, a list of shell lines, a mapping passed on as it is need nothing more); here are their
@@ -11,7 +11,7 @@ values, for every launcher and sweeper gradexp ships or supports, found by their
                 (hydra_plugins/gradexp_ray_launcher), joblib, submitit_local, submitit_slurm
                 and gradexp's slurm (conf/hydra/launcher/slurm.yaml)
     sweepers    basic, gradexp_resume, optuna (gradexp's search: its sampler's seed here, the
-                rest with its search space, gradexp/search/space.py)
+                rest with its search space, gradexp/sweeps/search/space.py)
 
 A plugin gradexp does not know (a user's own) is left to itself. Nothing here imports
 TensorFlow; Ray is imported only to check `hydra.launcher.init` against ray.init's arguments.

@@ -1,6 +1,6 @@
 """The schema of `hydra.sweeper` under `hydra/sweeper=optuna` (conf/hydra/sweeper/optuna.yaml):
 its keys and types. Its values, and the search space in `params`, are checked by
-gradexp.search.space when the search starts."""
+gradexp.sweeps.search.space when the search starts."""
 
 from __future__ import annotations
 

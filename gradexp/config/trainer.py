@@ -10,7 +10,7 @@ from gradexp.config.base import at_least, need, one_of
 LOSS_REDUCTIONS = ("sum", "mean")
 ON_DIVERGENCE = ("stop", "continue")
 ON_SPIKE = ("none", "skip")
-ON_DAMAGED_CHECKPOINT = ("fail", "restart")  # gradexp/checkpoint_fallback.py
+ON_DAMAGED_CHECKPOINT = ("fail", "restart")  # gradexp/training/checkpoint_fallback.py
 
 
 @dataclass
@@ -27,8 +27,8 @@ class TrainerConfig:
     keep_checkpoints: int = 2  # the newest kept; a resume falls back on the previous if damaged
     on_damaged_checkpoint: str = "fail"  # every checkpoint damaged: fail (one line) | restart
     on_divergence: str = "stop"  # stop (a result: exit 0) | continue (skipping non-finite updates)
-    layer_norms: bool = True  # per-layer gradient, update and weight norms (gradexp/telemetry.py)
-    on_spike: str = "none"  # skip: a step whose loss or ‖g‖ spikes is skipped (gradexp/spikes.py)
+    layer_norms: bool = True  # per-layer gradient, update and weight norms (training/telemetry.py)
+    on_spike: str = "none"  # skip: a step whose loss or ‖g‖ spikes is skipped (training/spikes.py)
     spike_z: float = 6.0  # a spike: z-score above this against the running (EMA) statistics
     spike_warmup: int = 50  # steps that set the statistics before any step can be a spike
     spike_alpha: float = 0.99  # the EMA's factor

@@ -1,11 +1,11 @@
 """`hydra/launcher=gradexp`: a sweep's jobs grouped by structure, each group trained as one batch.
 
 Jobs whose configs differ only in data of the compiled step (seed, clip bounds, learning rate)
-form a group (gradexp/grouping.py); a group of runs that can share a compiled step trains as one
-batch of at most `max_batch` runs, one dispatch per call for all of them (gradexp/engine.py);
-others train one after another, as Hydra's basic launcher would run them. Batches train in
-worker processes forked when the sweep starts (gradexp/worker.py), which import TensorFlow
-while this one composes the jobs;
+form a group (gradexp/sweeps/grouping.py); a group of runs that can share a compiled step trains as
+one batch of at most `max_batch` runs, one dispatch per call for all of them
+(gradexp/training/engine.py); others train one after another, as Hydra's basic launcher would run
+them. Batches train in worker processes forked when the sweep starts (gradexp/sweeps/worker.py),
+which import TensorFlow while this one composes the jobs;
 `workers` of them train at once (a group is split while there are fewer batches than workers).
 Every job is set up here by Hydra's own `run_job` (output directory, .hydra/, logging,
 `on_job_start` callbacks) and its provenance recorded, so its run directory is the one a separate
@@ -62,10 +62,10 @@ class GradexpLauncher(Launcher):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
-        from gradexp import worker
+        from gradexp.sweeps import worker
 
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
-        worker.start(self.workers)  # if gradexp.worker.Prestart has not (no such callback)
+        worker.start(self.workers)  # if gradexp.sweeps.worker.Prestart has not (no such callback)
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
@@ -101,7 +101,7 @@ class GradexpLauncher(Launcher):
         split further while there are fewer batches than workers; a run whose config cannot
         share a program is a group of its own, and the log says why."""
         from gradexp.config import task_config
-        from gradexp.grouping import group_key, why_separate
+        from gradexp.sweeps.grouping import group_key, why_separate
 
         by_key: dict[str, list[int]] = {}
         for i, c in enumerate(configs):
@@ -149,7 +149,7 @@ class GradexpLauncher(Launcher):
         a run found in its directory is kept or resumed."""
         from hydra.core.hydra_config import HydraConfig
 
-        from gradexp import provenance, rundir
+        from gradexp.runs import provenance, rundir
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         if rundir.restart_action(run_dir) == rundir.START:
@@ -161,11 +161,12 @@ class GradexpLauncher(Launcher):
 
     def train(self, batches: list[list[int]], configs: list[DictConfig],
               returns: dict[int, JobReturn]) -> None:
-        """Train the batches in the workers (gradexp/worker.py); a batch that failed as a whole
-        is trained again one run at a time, here."""
-        from gradexp import rundir, worker
-        from gradexp.grouping import Job
-        from gradexp.stopping import exit_status
+        """Train the batches in the workers (gradexp/sweeps/worker.py); a batch that failed as a
+        whole is trained again one run at a time, here."""
+        from gradexp.runs import rundir
+        from gradexp.sweeps import worker
+        from gradexp.sweeps.grouping import Job
+        from gradexp.training.stopping import exit_status
 
         if not batches:
             return

@@ -40,7 +40,7 @@ from hydra.core.utils import (
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from gradexp.stopping import exit_status
+from gradexp.training.stopping import exit_status
 
 from .ray_launcher import RayLauncher
 

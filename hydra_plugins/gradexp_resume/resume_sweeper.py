@@ -1,6 +1,6 @@
 """`hydra/sweeper=gradexp_resume`: the basic sweeper's jobs, launching only those a sweep left
 unfinished, each into its own directory. `python -m gradexp.train resume=<sweep dir>` selects
-it (gradexp/resume.py says what becomes of each job); it is not meant to be chosen by hand.
+it (gradexp/sweeps/resume.py says what becomes of each job); it is not meant to be chosen by hand.
 
 No `from __future__ import annotations`: Hydra's plugin scan runs this module outside
 sys.modules, where dataclasses cannot resolve string annotations."""
@@ -30,9 +30,9 @@ ConfigStore.instance().store(group="hydra/sweeper", name="gradexp_resume",
 
 class ResumeSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
-        from gradexp import rundir
         from gradexp.config.hydra_glue import resumed_subdir
-        from gradexp.resume import plan
+        from gradexp.runs import rundir
+        from gradexp.sweeps.resume import plan
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
         jobs = plan(sweep_dir, self.config)
