@@ -37,9 +37,9 @@ class SyntheticConfig(DatasetConfig):
 
     name: str = "synthetic"
     num_examples: int = 4096
-    num_features: int = 32
-    num_classes: int = 10
-    separation: float = 0.6
+    num_features: int = 32  # F: x ∈ R^F
+    num_classes: int = 10  # clusters, one per class; y uniform over them
+    separation: float = 0.6  # class means ~ N(0, separation² I): larger, easier to tell apart
     val_fraction: float = 0.2
     seed: int = 0  # the data stay the same across run seeds; `seed` varies init and order
     stream: bool = False  # fresh examples every step; all num_examples held out (see data.py)
@@ -61,7 +61,7 @@ class DigitsConfig(DatasetConfig):
 
     name: str = "digits"
     val_fraction: float = 0.2
-    seed: int = 0
+    seed: int = 0  # draws the validation split
 
     def input_shape(self) -> tuple[int, ...]:
         return (8, 8, 1)
@@ -97,7 +97,7 @@ class AddingConfig(DatasetConfig):
     num_examples: int = 4096  # the fixed set; with stream: true, all of it is held out
     length: int = 50
     val_fraction: float = 0.2
-    seed: int = 0
+    seed: int = 0  # generates the fixed set and draws the validation split
     # true: fresh training sequences every step, from (seed, dataset.seed, step)
     stream: bool = False
     # le2015: y = v_i + v_j, one marker per half; pascanu2013: y = (v_i + v_j)/2, markers in 0-10%,
@@ -131,13 +131,13 @@ class TeacherConfig(DatasetConfig):
 
     name: str = "teacher"
     num_examples: int = 4096
-    num_features: int = 32
+    num_features: int = 32  # F: inputs x ~ N(0, I_F)
     depth: int = 4
     width: int = 64
     gain: float = 1.5  # > 1: the teacher is in tanh's chaotic regime (a rough function)
-    noise: float = 0.1
+    noise: float = 0.1  # y = standardised f(x) + noise·N(0, 1): the best MSE is noise²
     val_fraction: float = 0.2
-    seed: int = 0
+    seed: int = 0  # generates the teacher and the fixed set, draws the validation split
     stream: bool = False  # true: fresh training examples every step; all num_examples held out
 
     def input_shape(self) -> tuple[int, ...]:
@@ -160,8 +160,8 @@ class KerasImagesConfig(DatasetConfig):
     name: str = MISSING
     cache_dir: str | None = MISSING
     num_examples: int | None = MISSING  # null: all; else a random subset (by `seed`) of this many
-    val_fraction: float = MISSING
-    seed: int = MISSING
+    val_fraction: float = MISSING  # share held out for validation, drawn by dataset.seed
+    seed: int = MISSING  # draws the subset (num_examples) and the validation split
     SHAPE: ClassVar[tuple[int, ...]] = ()
 
     def input_shape(self) -> tuple[int, ...]:
@@ -222,7 +222,11 @@ class LoadedConfig(DatasetConfig):
     the largest label + 1), floats the targets of a regression; `num_classes` sets the classes."""
 
     name: str = MISSING
+    # auto | classification | regression; auto: integer labels are classes, floats are
+    # regression targets unless num_classes is set
     task: str = "auto"
+    # null: the largest label + 1 (tfds: the y_key feature's ClassLabel count, if it is one);
+    # must be null under task=regression
     num_classes: int | None = None
 
     def input_shape(self) -> None:

@@ -28,7 +28,7 @@ class LayerConfig:
     clip_max: float | None = None  # overrides +clip
     max_norm: float | None = None  # then rescale dx to norm <= max_norm ...
     norm_axis: str = "batch"  # ... over the whole batch, or per example
-    scale: float = 1.0
+    scale: float = 1.0  # forward y = scale·x; dx is not multiplied by it
     grad_scale: float = 1.0  # -1: gradient reversal
     positions: Any = "all"  # all hidden layers, or a list such as [dense_1,dense_3]
 

@@ -51,7 +51,8 @@ class MLPConfig(ModelConfig):
     name: str = "mlp"
     depth: int = 3
     width: int = 128
-    activation: str = "relu"
+    activation: str = "relu"  # of the hidden layers (the output layer is linear)
+    # Keras kernel initializer of every Dense layer, the output layer's too
     initializer: str = "glorot_uniform"
     INPUTS: ClassVar[tuple[str, ...]] = (VECTORS, SEQUENCES, IMAGES)
     NEEDS: ClassVar[str] = "any inputs"
@@ -73,10 +74,11 @@ class CNNConfig(ModelConfig):
 
     name: str = "cnn"
     blocks: int = 2
-    filters: int = 16
-    kernel_size: int = 3
+    filters: int = 16  # conv_1's; conv_i has filters·2^(i-1)
+    kernel_size: int = 3  # kernel_size × kernel_size (images), kernel_size steps (sequences)
     width: int = 64
-    activation: str = "relu"
+    activation: str = "relu"  # of the conv and hidden Dense layers (the output layer is linear)
+    # Keras kernel initializer of every conv and Dense layer, the output layer's too
     initializer: str = "he_normal"
     INPUTS: ClassVar[tuple[str, ...]] = (IMAGES, SEQUENCES)
     NEEDS: ClassVar[str] = "image inputs (H, W, C) or sequences (T, F), convolved along T"
@@ -150,9 +152,9 @@ class TransformerConfig(ModelConfig):
     name: str = "transformer"
     blocks: int = 2
     width: int = 32
-    heads: int = 2
+    heads: int = 2  # attention heads of width/heads dimensions each (width: a multiple of heads)
     mlp_width: int = 64
-    activation: str = "gelu"
+    activation: str = "gelu"  # of the MLP's hidden layer (mlp_width units)
     norm: str = "pre"  # pre: x + f(LN(x)); post: LN(x + f(x)), the original, less stable
     INPUTS: ClassVar[tuple[str, ...]] = (SEQUENCES, IMAGES)
     NEEDS: ClassVar[str] = "sequence inputs (T, F) or images (H, W, C), read row by row"
@@ -179,6 +181,7 @@ class KerasModelConfig(ModelConfig):
 
     name: str = "keras"
     build: str = MISSING
+    # keyword arguments of the builder: make(input_shape, num_outputs, **kwargs)
     kwargs: dict[str, Any] = field(default_factory=any_keys)
     loss: str = "auto"
     INPUTS: ClassVar[tuple[str, ...] | None] = None  # whatever the user's model takes

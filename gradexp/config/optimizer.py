@@ -20,8 +20,8 @@ class OptimizerConfig(Choice):
 class SGDConfig(OptimizerConfig):
     name: str = "sgd"
     learning_rate: float = 0.001
-    momentum: float = 0.9
-    nesterov: bool = False
+    momentum: float = 0.9  # Keras's `momentum`: v = momentum·v − learning_rate·g, θ += v
+    nesterov: bool = False  # Keras's `nesterov`: θ += momentum·v − learning_rate·g instead
 
     def check(self) -> None:
         check_learning_rate(self.learning_rate)
@@ -31,10 +31,10 @@ class SGDConfig(OptimizerConfig):
 @dataclass
 class AdamConfig(OptimizerConfig):
     name: str = "adam"
-    learning_rate: float = 0.0001
-    beta_1: float = 0.9
-    beta_2: float = 0.999
-    epsilon: float = 1e-07
+    learning_rate: float = 0.0001  # Keras's `learning_rate`, constant through the run
+    beta_1: float = 0.9  # Keras's `beta_1`: decay of m, the moving average of g
+    beta_2: float = 0.999  # Keras's `beta_2`: decay of v, the moving average of g²
+    epsilon: float = 1e-07  # Keras's `epsilon`, added to √v in the step's denominator
 
     def check(self) -> None:
         check_learning_rate(self.learning_rate)
@@ -50,7 +50,7 @@ class AdamWConfig(OptimizerConfig):
 
     name: str = "adamw"
     learning_rate: float = 0.001
-    weight_decay: float = 0.004
+    weight_decay: float = 0.004  # Keras's `weight_decay`: θ −= learning_rate·weight_decay·θ
     beta_1: float = 0.9
     beta_2: float = 0.999
     epsilon: float = 1e-07

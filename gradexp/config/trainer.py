@@ -15,10 +15,10 @@ ON_DAMAGED_CHECKPOINT = ("fail", "restart")  # gradexp/training/checkpoint_fallb
 
 @dataclass
 class TrainerConfig:
-    steps: int = 1000
-    batch_size: int = 64
+    steps: int = 1000  # optimizer steps in all, a resumed run's earlier ones included
+    batch_size: int = 64  # examples per step (strategy=mirrored: split over the devices)
     log_every: int = 50  # fetch measurements, write table and TensorBoard, print progress
-    eval_every: int = 200
+    eval_every: int = 200  # evaluate on the whole validation set (and at the last step)
     histogram_every: int = 200  # gradient histograms in TensorBoard; 0: never
     loss_reduction: str = "sum"  # sum: dy is in per-example units whatever the batch size
     divergence_factor: float = 1000.0  # loss above this × the first loss: diverged
