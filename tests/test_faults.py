@@ -94,7 +94,7 @@ def test_the_lock_is_held_while_a_run_trains_and_let_go_when_it_ends(make_cfg, t
     from gradexp.train import train
 
     def other_process_takes(run_dir: Path) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", "import sys; from gradexp import runlock; "
+        return subprocess.run([sys.executable, "-c", "from gradexp.runs import runlock; "
                                f"runlock.hold({str(run_dir)!r}); print('taken')"],
                               cwd=REPO, capture_output=True, text=True, timeout=60)
 

@@ -135,7 +135,7 @@ def test_a_sweep_from_a_dirty_checkout_records_its_commit_and_diff_in_every_run(
     git(code, "init", "-q")
     git(code, "add", ".")
     git(code, "commit", "-q", "-m", "a copy")
-    with open(code / "gradexp" / "measures.py", "a") as f:
+    with open(code / "gradexp" / "runs" / "measures.py", "a") as f:
         f.write("# a change not committed\n")
     env = {**os.environ, "PYTHONPATH": str(code)}
     env.pop("HYDRA_FULL_ERROR", None)

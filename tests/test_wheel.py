@@ -54,7 +54,7 @@ def user(python: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 def test_the_wheel_runs_a_users_model_and_data_from_any_directory(installed, tmp_path):
     project = tmp_path / "project"  # the user's models.py, data.py and my_conf/, nothing else
     shutil.copytree(REPO / "examples" / "own_model", project,
-                    ignore=shutil.ignore_patterns("README.md"))
+                    ignore=shutil.ignore_patterns("README.md", "__pycache__"))
     assert sorted(p.name for p in project.iterdir()) == ["data.py", "models.py", "my_conf"]
     where = user(installed, project, "-c", "import gradexp; print(gradexp.__file__)")
     assert where.stdout.strip().startswith(str(installed.parent.parent)), where.stdout  # the wheel

@@ -42,7 +42,7 @@ from typing import Any
 from gradexp.runs import rundir
 from gradexp.runs.rundir import write_json
 
-PACKAGE_DIR = Path(__file__).resolve().parent  # the code whose version a run records
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # gradexp/: the code a run records
 GIT_TIMEOUT_S = 10
 MAX_UNTRACKED = 100  # names listed; a messy tree can hold thousands
 # what the versions table calls each library: its distribution names, the first installed wins
