@@ -138,3 +138,15 @@ def in_this_process(monkeypatch, *args: str) -> None:
             root.removeHandler(handler)
             handler.close()
         root.setLevel(level)
+
+
+def processes_marked(mark: str) -> list[str]:
+    """The processes whose environment holds `mark` (this test's children and theirs)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark.encode() in environ.read_bytes():
+                found.append(environ.parent.name)
+        except OSError:  # gone, or not ours to read
+            pass
+    return found

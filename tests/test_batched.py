@@ -14,7 +14,7 @@ import pytest
 from test_sweep_resume import rows, start, summary_of, the_sweep, wait_for
 from test_sweeps import runs, sweep
 
-from conftest import QUICK, events, gradexp
+from conftest import QUICK, events, gradexp, processes_marked
 from gradexp import train as training
 from gradexp.sweeps import grouping
 from gradexp.training import engine
@@ -352,20 +352,10 @@ def test_a_batched_sweep_with_a_bad_value_fails_in_one_line_and_leaves_no_worker
     assert result.returncode == 2 and result.stderr.startswith("error: clip=-1"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
-    def left():
-        found = []
-        for environ in Path("/proc").glob("[0-9]*/environ"):
-            try:
-                if mark.encode() in environ.read_bytes():
-                    found.append(environ.parent.name)
-            except OSError:  # gone, or not ours to read
-                pass
-        return found
-
     deadline = time.monotonic() + 10  # the worker's SIGTERM, sent as the sweep exits
-    while left() and time.monotonic() < deadline:
+    while processes_marked(mark) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not left()
+    assert not processes_marked(mark)
 
 
 def test_a_batch_of_cnns_is_its_runs_bit_for_bit(make_cfg, tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from test_robustness import STEADY, start, summary_of, wait_for_rows
 
-from conftest import REPO, gradexp
+from conftest import REPO, gradexp, processes_marked
 
 pytestmark = pytest.mark.slow  # each test starts runs, sweeps or pipes: the full tier
 
@@ -358,18 +358,6 @@ AT_THE_COMMAND_LINE = [
     (["hydra/sweeper=optuna", "+search=clip_threshold", "hydra.sweeper.n_jobs=-2"],
      "hydra.sweeper.n_jobs=-2"),
 ]
-
-
-def processes_marked(mark: str) -> list[str]:
-    """The processes whose environment holds `mark` (this test's children and theirs)."""
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if mark.encode() in environ.read_bytes():
-                found.append(environ.parent.name)
-        except OSError:  # gone, or not ours to read
-            pass
-    return found
 
 
 @pytest.mark.parametrize(("arguments", "key"), AT_THE_COMMAND_LINE,
