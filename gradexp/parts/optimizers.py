@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from gradexp._tf import keras
-from gradexp.config import Registry
+from gradexp.config import ConfigError, Registry, import_object
 
 OPTIMIZERS = Registry("optimizer", "factory", "gradexp/parts/optimizers.py")
 optimizer = OPTIMIZERS.add  # @optimizer("sgd"): the factory of optimizer=sgd
@@ -35,10 +35,6 @@ def adamw(o: DictConfig):
 @optimizer("keras")
 def any_keras(o: DictConfig):
     """keras.optimizers.<class_name>, or the class a dotted path names, with its kwargs."""
-    from omegaconf import OmegaConf
-
-    from gradexp.config import ConfigError, import_object
-
     kwargs = {"learning_rate": o.learning_rate, **OmegaConf.to_container(o.kwargs)}
     dotted = "." in o.class_name or ":" in o.class_name
     known = [n for n in dir(keras.optimizers) if isinstance(getattr(keras.optimizers, n), type)

@@ -44,5 +44,4 @@ class RunState:
             return 0
         status = self.checkpoint.restore(self.manager.latest_checkpoint)
         status.assert_existing_objects_matched()
-        del status
         return step
