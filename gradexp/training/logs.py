@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
 
@@ -103,7 +105,6 @@ def write_hparams_config(sweep_dir: Path, configs: list[DictConfig]) -> None:
     takes) and the final metrics, in an event file at the sweep's root, written with
     TensorBoard's record framing and `summary_v2`, pure Python: the launching process of a
     sweep loads no TensorFlow (TensorBoard's EventFileWriter and `hparams.api` would)."""
-    from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.plugins.hparams import summary_v2
     from tensorboard.plugins.hparams.summary_v2 import Discrete, HParam, Metric
     from tensorboard.summary.writer.record_writer import RecordWriter
@@ -158,11 +159,8 @@ class EventWriter:
     value carries the scalars plugin's metadata, as tf.summary writes it."""
 
     def __init__(self, run_dir: Path):
-        from tensorboard.compat.proto.event_pb2 import Event
-
         from gradexp._tf import tf
 
-        self.Event = Event
         self.file = tf.io.TFRecordWriter(str(run_dir / event_file_name()))
         self.write(Event(wall_time=time.time(), file_version="brain.Event:2"))
         self.described: set[str] = set()
@@ -173,7 +171,7 @@ class EventWriter:
 
     def summary(self, step: int, summary) -> None:
         """A Summary proto (TensorBoard's or TensorFlow's: the same message) at `step`."""
-        event = self.Event(step=int(step), wall_time=time.time())
+        event = Event(step=int(step), wall_time=time.time())
         event.summary.ParseFromString(summary.SerializeToString())
         self.write(event)
 
@@ -182,8 +180,6 @@ class EventWriter:
 
     def rows(self, steps, names: list[str], rows) -> None:
         """Scalars `names` at each of `steps` (`rows[i]` at `steps[i]`), one event per step."""
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
         def value(tag, x, metadata=None):
             return Summary.Value(tag=tag, metadata=metadata, tensor={
                 "dtype": "DT_FLOAT", "float_val": [x], "tensor_shape": {}})
@@ -198,7 +194,7 @@ class EventWriter:
             start = 1
         key = tuple(names)
         if key not in self.templates:
-            self.templates[key] = self.Event(summary=Summary(value=[value(n, 0.0) for n in names]))
+            self.templates[key] = Event(summary=Summary(value=[value(n, 0.0) for n in names]))
         template = self.templates[key]
         fields = [v.tensor.float_val for v in template.summary.value]
         template.wall_time = time.time()
@@ -279,7 +275,6 @@ class RunLog:
                  val_names: tuple[str, ...] = VAL_COLUMNS, telemetry: tuple[str, ...] = ()):
         """A new run (start_step 0), or one resumed after `start_step`: its table keeps the
         rows up to that step and grows from there; TensorBoard is told to drop later points."""
-        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
         from tensorboard.plugins.hparams import summary_v2 as hp
 
         self.run_dir, self.names = run_dir, list(names)
@@ -317,36 +312,31 @@ class RunLog:
             _HELD.append((self._steps, (steps, rows, val, measured)))
 
     def _steps(self, steps, rows, val, measured) -> None:
-        with writing(METRICS, self.run_dir, int(steps[-1]), tensorflow="the event file"):
-            self._write_steps(steps, rows, val, measured)
-
-    def _write_steps(self, steps, rows, val, measured) -> None:
-        every = rows[:, :self.every_step].tolist()
-        self.events.rows(steps, self.names[:self.every_step], every)
-        lines = [self._row_format % (step, *row, *self._blank)
-                 for step, row in zip(steps.tolist(), every, strict=True)]
         last = int(steps[-1])
-        extra = {}
-        if measured and self.telemetry:
-            extra.update(zip(self.telemetry, rows[-1, self.every_step:].tolist(), strict=True))
-        if val is not None:
-            extra.update(val)
-        if extra:
-            self.events.scalars(last, extra)
-            lines[-1] = self._row_format % (last, *every[-1], *(
-                f"{extra[c]:.9g}" if c in extra else "" for c in (*self.telemetry,
-                                                                  *self.val_names)))
-        self._table_file.write("".join(lines))
-        self._table_file.flush()
-        self.events.flush()
+        with writing(METRICS, self.run_dir, last, tensorflow="the event file"):
+            every = rows[:, :self.every_step].tolist()
+            self.events.rows(steps, self.names[:self.every_step], every)
+            lines = [self._row_format % (step, *row, *self._blank)
+                     for step, row in zip(steps.tolist(), every, strict=True)]
+            extra = {}
+            if measured and self.telemetry:
+                extra.update(zip(self.telemetry, rows[-1, self.every_step:].tolist(), strict=True))
+            if val is not None:
+                extra.update(val)
+            if extra:
+                self.events.scalars(last, extra)
+                lines[-1] = self._row_format % (last, *every[-1], *(
+                    f"{extra[c]:.9g}" if c in extra else "" for c in (*self.telemetry,
+                                                                      *self.val_names)))
+            self._table_file.write("".join(lines))
+            self._table_file.flush()
+            self.events.flush()
 
     def histograms(self, step: int, tensors: dict[str, Any]) -> None:
         """Histograms of `tensors` (NumPy arrays) at `step`, of their finite values."""
         _HELD.append((self._histograms, (step, tensors)))
 
     def _histograms(self, step: int, tensors: dict[str, Any]) -> None:
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
         def finite(t):  # a diverged run's gradients: the histogram of what is finite
             t = np.asarray(t)
             return t[np.isfinite(t)]
