@@ -48,12 +48,11 @@ class SpikeDetector:
     def update(self, state: SpikeState, loss, norm) -> tuple[tf.Tensor, SpikeState]:
         x = tf.stack([tf.cast(loss, tf.float32), tf.cast(norm, tf.float32)])
         z = (x - state.mean) / (tf.sqrt(state.var) + EPS)
-        ready = state.seen >= self.warmup
+        warming = state.seen < self.warmup
         skip = tf.logical_not(tf.reduce_all(tf.math.is_finite(x))) | (
-            ready & tf.reduce_any(z > self.z))
+            ~warming & tf.reduce_any(z > self.z))
         keep = tf.logical_not(skip)
         n = tf.cast(state.seen + 1, tf.float32)
-        warming = state.seen < self.warmup
         # Welford during the warm-up: exact mean and (population) variance of the values so far
         welford_mean = state.mean + (x - state.mean) / n
         welford_var = (state.var * (n - 1) + (x - state.mean) * (x - welford_mean)) / n
