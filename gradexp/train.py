@@ -237,8 +237,7 @@ def train_batch(jobs: list[Job]) -> list[dict]:
 
 def run_logger(job: Job) -> logging.Logger:
     """A logger writing to the run's own log file only, as its job's Hydra logging would (the
-    console gets the batch's lines): `job.log_name` in its directory, in the format of the
-    job_logging's file handler, `job.log_format`."""
+    console gets the batch's lines)."""
     logger = logging.getLogger(f"gradexp.run.{job.run_dir}")
     logger.handlers.clear()
     handler = logging.FileHandler(job.run_dir / job.log_name)

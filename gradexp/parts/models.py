@@ -268,8 +268,7 @@ def head(model: keras.Model):
 
 
 def position(layer: ClipGradient) -> str:
-    """Where a clip layer sits, as its columns name it: its name without `clip_` (the builders
-    name the layer at position p `clip_p`)."""
+    """Where a clip layer sits, as its columns name it: its name without `clip_`."""
     return layer.name.removeprefix(CLIP_PREFIX)
 
 

@@ -38,8 +38,7 @@ def own_variables(run) -> list:
 class Engine:
     """The compiled functions on K runs' state, traced on the first run, `run`:
     `train_steps(first_step, n, active)` -> (rows [n_max, K, names], steps done per run, the
-    gradients of each run's last step); `evaluate(x_val, y_val)` -> {name: [K]}; `load(runs)`
-    and `sync(*ks)` (the stacked state from and to the runs' own variables)."""
+    gradients of each run's last step); `evaluate(x_val, y_val)` -> {name: [K]}."""
 
     def __init__(self, run, K: int):
         step, t = run.step, run.cfg.trainer

@@ -268,8 +268,7 @@ def _result() -> None:
 
 class RunLog:
     """The writers of one run directory. `names`: the per-step measurements, in row order, the
-    last of them `telemetry`, measured only at some steps. Writes happen in the writer thread:
-    `flush()` waits for them (before a checkpoint: the table holds every step it has)."""
+    last of them `telemetry`, measured only at some steps. Writes happen in the writer thread."""
 
     def __init__(self, run_dir: Path, names: list[str], cfg: DictConfig, start_step: int = 0,
                  val_names: tuple[str, ...] = VAL_COLUMNS, telemetry: tuple[str, ...] = ()):

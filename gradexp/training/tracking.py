@@ -21,9 +21,8 @@ from gradexp.runs.measures import divergence_step, final_loss, succeeded, succes
 
 @dataclass(frozen=True)
 class LoopResult:
-    """Where the loop ended: the last step done, every training loss so far (a resumed run's
-    earlier ones too), the last validation figures, the divergence step, the signal that
-    stopped it, and (steps, seconds) timed after the first call (which traces and compiles)."""
+    """Where the loop ended; `losses`: every training loss so far (a resumed run's earlier ones
+    too); `timed`: (steps, seconds) after the first call (which traces and compiles)."""
 
     step: int
     losses: list
@@ -36,8 +35,7 @@ class LoopResult:
 
 
 class Tracker:
-    """After each compiled call, `record` writes the run's rows and, when due, evaluates,
-    writes histograms and checkpoints, through the functions it is given: `evaluate()` ->
+    """`record` after each compiled call, through the functions it is given: `evaluate()` ->
     {name: value}, `gradients()` -> {name: array} (the call's last step's), `save(step)`."""
 
     def __init__(self, t: TrainerConfig, names, val_names, runlog, step: int, evaluate, gradients,
