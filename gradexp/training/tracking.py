@@ -43,11 +43,10 @@ class Tracker:
         self.t, self.names, self.runlog, self.step = t, list(names), runlog, step
         self.evaluate, self.gradients, self.save, self.log = evaluate, gradients, save, logger
         self.losses = runlog.past_values("loss/train")
-        self.measures_errors = "error_rate/val" in val_names
-        self.skips = "spike_skipped" in self.names
         self.spike_skipped = (int(np.nansum(runlog.past_values("spike_skipped")))
-                              if self.skips else None)
-        self.error_rates = runlog.past_values("error_rate/val") if self.measures_errors else None
+                              if "spike_skipped" in self.names else None)
+        self.error_rates = (runlog.past_values("error_rate/val") if "error_rate/val" in val_names
+                            else None)
         self.val, self.diverged_step = None, None
         # steps/s: from the end of the first call (which traces and compiles) to the end of the
         # loop, so that it counts the logging, evaluation and checkpoints of those steps
@@ -67,7 +66,7 @@ class Tracker:
         steps = self.step + 1 + np.arange(len(rows))
         self.step += len(rows)
         self.losses.extend(rows[:, names.index("loss/train")])
-        if self.skips:
+        if self.spike_skipped is not None:
             self.spike_skipped += int(rows[:, names.index("spike_skipped")].sum())
         if self.diverged_step is None:
             self.diverged_step = first_diverged_step(steps, rows, names, self.losses[0],
@@ -76,7 +75,7 @@ class Tracker:
         if step % t.eval_every == 0 or step == t.steps:
             val = {k: float(v) for k, v in self.evaluate().items()}
         self.val = val
-        if self.measures_errors:
+        if self.error_rates is not None:
             self.error_rates.extend([np.nan] * len(rows))
             self.error_rates[-1] = val["error_rate/val"] if val else np.nan
         self.runlog.steps(steps, rows, val, measured)
