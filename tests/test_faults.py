@@ -360,23 +360,90 @@ AT_THE_COMMAND_LINE = [
 ]
 
 
-@pytest.mark.parametrize(("arguments", "key"), AT_THE_COMMAND_LINE,
-                         ids=lambda v: " ".join(v) if isinstance(v, list) else None)
-def test_a_bad_launcher_or_sweeper_setting_is_one_line_exit_2_and_nothing_starts(
-        tmp_path, monkeypatch, arguments, key):
+def refused_up_front(tmp_path: Path, monkeypatch, *arguments: str, timeout: float = 300) -> str:
+    """`python -m gradexp.train -m <arguments>` in tmp_path: it exits with status 2, writes
+    nothing (no sweep directory, no run) and leaves no process behind; its one line."""
     import uuid
 
     mark = f"GRADEXP_TEST_{uuid.uuid4().hex}"
     monkeypatch.setenv(mark, "1")  # inherited by whatever the sweep starts: found in /proc
-    result = gradexp("gradexp.train", "-m", *arguments, "trainer.steps=10", cwd=tmp_path)
+    result = gradexp("gradexp.train", "-m", *arguments, "trainer.steps=10", cwd=tmp_path,
+                     timeout=timeout)
     assert result.returncode == 2, result.stderr
-    assert one_line(result.stderr).startswith(f"error: {key}: "), result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     assert list(tmp_path.iterdir()) == []  # no sweep directory, no run
     deadline = time.monotonic() + 10
     while processes_marked(mark) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert processes_marked(mark) == []  # no worker, Ray node or job left behind
+    return one_line(result.stderr)
+
+
+@pytest.mark.parametrize(("arguments", "key"), AT_THE_COMMAND_LINE,
+                         ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_a_bad_launcher_or_sweeper_setting_is_one_line_exit_2_and_nothing_starts(
+        tmp_path, monkeypatch, arguments, key):
+    assert refused_up_front(tmp_path, monkeypatch, *arguments).startswith(f"error: {key}: ")
+
+
+# What a launcher needs of the machine (gradexp.config.plugins.check_machine), through the
+# entry point. Without the check, Slurm's launcher ends in submitit's traceback (no srun) and a
+# Ray job asking for more than the machine has waits forever (these tests then time out).
+NO_SLURM = ("not found on PATH; run the sweep on a machine of the Slurm cluster (a login "
+            "node), or choose a launcher for this one: hydra/launcher=gradexp, ray, joblib or "
+            "submitit_local")
+
+
+def more_than_ray_has(key: str, asked: str, has: str, source: str) -> str:
+    what = {"num_cpus": "CPUs", "num_gpus": "GPUs"}[key]
+    return (f"error: hydra.launcher.{key}={asked}: more {what} per job than this machine's Ray "
+            f"runtime has, {has} ({source}); the job would wait for them forever: ask for at "
+            f"most {has}, or join a cluster that has them (hydra.launcher.address)")
+
+
+def without_slurm(monkeypatch) -> None:
+    """PATH without Slurm's commands, as on this machine (on a cluster's node too)."""
+    kept = [d for d in os.environ.get("PATH", "").split(os.pathsep)
+            if not any(Path(d, c).exists() for c in ("srun", "sbatch"))]
+    monkeypatch.setenv("PATH", os.pathsep.join(kept))
+
+
+def a_local_ray_without_gpus(monkeypatch) -> None:
+    """A Ray runtime started here, which counts no GPU whatever the machine has."""
+    for variable in ("RAY_ADDRESS", "RAY_OVERRIDE_RESOURCES"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+@pytest.mark.parametrize("choice", ["slurm", "submitit_slurm"])
+def test_slurm_without_its_commands_is_one_line_exit_2_and_nothing_starts(tmp_path,
+                                                                          monkeypatch, choice):
+    without_slurm(monkeypatch)
+    line = refused_up_front(tmp_path, monkeypatch, f"hydra/launcher={choice}",
+                            "clip=null,0.1")
+    assert line == f"error: hydra/launcher={choice}: srun and sbatch {NO_SLURM}"
+
+
+@pytest.mark.parametrize(("setting", "line"), [
+    ("hydra.launcher.num_gpus=1", more_than_ray_has("num_gpus", "1.0", "0", "counted by Ray")),
+    ("hydra.launcher.num_gpus=0.5",
+     more_than_ray_has("num_gpus", "0.5", "0", "counted by Ray")),
+], ids=["num_gpus=1", "num_gpus=0.5"])
+def test_more_gpus_per_job_than_a_local_ray_has_is_one_line_exit_2(tmp_path, monkeypatch,
+                                                                   setting, line):
+    a_local_ray_without_gpus(monkeypatch)
+    assert refused_up_front(tmp_path, monkeypatch, "hydra/launcher=ray", setting,
+                            "clip=null,0.1", timeout=120) == line
+
+
+def test_more_cpus_per_job_than_a_local_ray_has_is_one_line_exit_2(tmp_path, monkeypatch):
+    from ray._private.utils import get_num_cpus
+
+    a_local_ray_without_gpus(monkeypatch)
+    has = get_num_cpus()
+    line = refused_up_front(tmp_path, monkeypatch, "hydra/launcher=ray",
+                            f"hydra.launcher.num_cpus={has + 1}", "clip=null,0.1", timeout=120)
+    assert line == more_than_ray_has("num_cpus", f"{has + 1:.1f}", str(has), "counted by Ray")
 
 
 # every other key of each plugin gradexp ships or supports: (overrides, the one line)
@@ -493,6 +560,51 @@ def test_a_ray_address_is_null_auto_local_or_a_host_and_port():
            "ray://:10001", "head:123456"]
     assert [takes(a) for a in good] == [True] * len(good)
     assert [takes(a) for a in bad] == [False] * len(bad)
+
+
+def test_what_a_launcher_needs_of_the_machine_is_counted_where_it_runs(monkeypatch, tmp_path):
+    """check_machine: Ray's CPUs and GPUs are counted only for a runtime started here (not
+    for a cluster joined by address or RAY_ADDRESS), from RAY_OVERRIDE_RESOURCES or
+    hydra.launcher.init first; Slurm's commands are asked for only by Slurm's launcher."""
+    from gradexp.config import ConfigError
+    from gradexp.config.plugins import check_machine
+
+    def refusal(*overrides: str) -> str | None:
+        try:
+            check_machine(composed_with_hydra(*overrides))
+        except ConfigError as refused:
+            return f"error: {refused}"
+        return None
+
+    a_local_ray_without_gpus(monkeypatch)
+    assert refusal("hydra/launcher=ray") is None  # 1 CPU, no GPU
+    assert refusal("hydra/launcher=ray", "hydra.launcher.num_gpus=1") == more_than_ray_has(
+        "num_gpus", "1.0", "0", "counted by Ray")
+    for elsewhere in ("auto", "head:6379", "ray://head:10001"):
+        assert refusal("hydra/launcher=ray", f"hydra.launcher.address={elsewhere}",
+                       "hydra.launcher.num_gpus=8") is None
+    assert refusal("hydra/launcher=ray", "hydra.launcher.address=local",
+                   "hydra.launcher.num_gpus=8") is not None
+    assert refusal("hydra/launcher=ray", "hydra.launcher.num_gpus=2",
+                   "+hydra.launcher.init={num_gpus: 2}") is None
+    assert refusal("hydra/launcher=ray", "hydra.launcher.num_cpus=2",
+                   "+hydra.launcher.init={num_cpus: 1}") == more_than_ray_has(
+        "num_cpus", "2.0", "1", "hydra.launcher.init.num_cpus")
+    monkeypatch.setenv("RAY_OVERRIDE_RESOURCES", '{"GPU": 1}')
+    assert refusal("hydra/launcher=ray", "hydra.launcher.num_gpus=2",
+                   "+hydra.launcher.init={num_gpus: 4}") == more_than_ray_has(
+        "num_gpus", "2.0", "1", "RAY_OVERRIDE_RESOURCES")
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")
+    assert refusal("hydra/launcher=ray", "hydra.launcher.num_gpus=8") is None
+
+    without_slurm(monkeypatch)
+    assert refusal("hydra/launcher=submitit_local") is None
+    for command in ("sbatch", "srun"):
+        (tmp_path / command).write_text("#!/bin/sh\n")
+        (tmp_path / command).chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+        assert refusal("hydra/launcher=slurm") == (
+            None if command == "srun" else f"error: hydra/launcher=slurm: srun {NO_SLURM}")
 
 
 # keys only Hydra's type check needs (a flag, shell lines, a mapping passed on as it is), the

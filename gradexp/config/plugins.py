@@ -13,20 +13,29 @@ values, for every launcher and sweeper gradexp ships or supports, found by their
     sweepers    basic, gradexp_resume, optuna (gradexp's search: its sampler's seed here, the
                 rest with its search space, gradexp/sweeps/search/space.py)
 
-A plugin gradexp does not know (a user's own) is left to itself. Nothing here imports
-TensorFlow; Ray is imported only to check `hydra.launcher.init` against ray.init's arguments.
+A plugin gradexp does not know (a user's own) is left to itself.
+
+`check_machine`, after them: what the chosen launcher needs of this machine, which no value
+shows: Slurm's commands on PATH (`hydra/launcher=slurm`), and on a Ray runtime started here,
+CPUs and GPUs for what one job asks (Ray would wait forever for a node that has them).
+
+Nothing here imports TensorFlow; Ray is imported only to check `hydra.launcher.init` against
+ray.init's arguments, and to count this machine's CPUs and GPUs as Ray does.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
+import shutil
 from collections.abc import Callable
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from gradexp.config.base import ConfigError, need
+from gradexp.config.base import ConfigError, need, show
 
 # (does the value pass, what the key takes: a text, or a function that writes it)
 Rule = tuple[Callable[[Any], bool], str | Callable[[], str]]
@@ -233,3 +242,81 @@ def _ray(settings: dict) -> None:
         if key in ("num_cpus", "num_gpus"):
             need(value is None or (_integer(value) and value >= 0), f"hydra.launcher.init.{key}",
                  value, "must be an integer >= 0, or null (what the machine has)")
+
+
+# What the launching process runs of Slurm: submitit refuses to make its executor without srun
+# (SlurmExecutor.__init__, a RuntimeError and its traceback), and sbatch submits the array job.
+# sacct (polling the jobs) and scancel (cancelling them) come with them; submitit goes on with a
+# warning if sacct fails, so they are not asked for here.
+SLURM_COMMANDS = ("srun", "sbatch")
+
+
+def check_machine(config: DictConfig) -> None:
+    """Raise ConfigError (one line) if this machine cannot run the sweep's launcher as set:
+    Slurm's commands missing, or a job asking a Ray runtime started here for more CPUs or GPUs
+    than it has. After check_plugins (the settings' values are sound), before anything starts."""
+    settings = OmegaConf.select(config, "hydra.launcher")
+    if not isinstance(settings, DictConfig):
+        return
+    target = settings.get("_target_")
+    if target == SLURM:
+        missing = [c for c in SLURM_COMMANDS if shutil.which(c) is None]
+        if missing:
+            choice = (OmegaConf.select(config, "hydra.runtime.choices") or {}).get(
+                "hydra/launcher") or "slurm"
+            raise ConfigError(
+                f"hydra/launcher={choice}: {' and '.join(missing)} not found on PATH; run the "
+                "sweep on a machine of the Slurm cluster (a login node), or choose a launcher "
+                "for this one: hydra/launcher=gradexp, ray, joblib or submitit_local")
+    elif target == RAY:
+        plain = {key: _value(settings, key) for key in settings}
+        node = _local_ray_node(plain.get("address"), plain.get("init") or {})
+        for key, what in (("num_cpus", "CPUs"), ("num_gpus", "GPUs")) if node else ():
+            has, source = node[key]
+            need(plain[key] <= has, f"hydra.launcher.{key}", plain[key],
+                 f"more {what} per job than this machine's Ray runtime has, {show(has)} "
+                 f"({source}); the job would wait for them forever: ask for at most "
+                 f"{show(has)}, or join a cluster that has them (hydra.launcher.address)")
+
+
+def _local_ray_node(address: str | None, init: dict) -> dict[str, tuple[float, str]] | None:
+    """{"num_cpus": (count, where it comes from), "num_gpus": ...} of the runtime ray.init
+    would start on this machine; None if the launcher joins a running cluster instead (address
+    auto or host:port; null with RAY_ADDRESS set, or a runtime `ray start` left here), whose
+    nodes are not this machine's to count.
+
+    Ray's own count, as the runtime it starts from this process will make it, rather than
+    TensorFlow's (not imported here) or nvidia-smi's, since Ray schedules by it:
+    RAY_OVERRIDE_RESOURCES first, then ray.init's num_cpus / num_gpus (hydra.launcher.init),
+    else what Ray detects: CPUs within cgroup limits (ray._private.utils.get_num_cpus), GPUs by
+    NVML (or AMD's, Intel's, Apple's) at most as many as CUDA_VISIBLE_DEVICES (or its
+    vendor's variable) lists. These are Ray's private functions: should a Ray release move
+    them, nothing is counted and the sweep goes ahead unchecked."""
+    if address not in (None, "local"):
+        return None
+    try:
+        from ray._private import accelerators, ray_constants, services, utils
+
+        if address is None and services.get_ray_address_from_environment(
+                None, init.get("_temp_dir")) not in (None, "local"):
+            return None
+        override = json.loads(os.environ.get(ray_constants.RESOURCES_ENVIRONMENT_VARIABLE)
+                              or "{}")
+        node = {}
+        for key, name in (("num_cpus", "CPU"), ("num_gpus", "GPU")):
+            if name in override:
+                node[key] = (override[name], ray_constants.RESOURCES_ENVIRONMENT_VARIABLE)
+            elif init.get(key) is not None:
+                node[key] = (init[key], f"hydra.launcher.init.{key}")
+        if "num_cpus" not in node:
+            node["num_cpus"] = (utils.get_num_cpus(), "counted by Ray")
+        if "num_gpus" not in node:
+            gpus = accelerators.get_accelerator_manager_for_resource("GPU")
+            count = gpus.get_current_node_num_accelerators()
+            visible = gpus.get_current_process_visible_accelerator_ids()
+            if visible is not None:
+                count = min(count, len(visible))
+            node["num_gpus"] = (count, "counted by Ray")
+        return node
+    except (ImportError, AttributeError, TypeError, ValueError):  # a Ray that counts otherwise
+        return None

@@ -26,7 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from gradexp.config import ConfigError, compose_once, explain, sweep_jobs, task_config, validate
-from gradexp.config.plugins import check_plugins
+from gradexp.config.plugins import check_machine, check_plugins
 from gradexp.runs import rundir
 from gradexp.runs.rundir import check_resumable, read_status
 from gradexp.sweeps.search.space import from_config, is_search
@@ -45,11 +45,12 @@ def _exit_if_invalid(check) -> Any:
 
 
 class PluginChecks(Callback):
-    """The sweep's launcher and sweeper settings (gradexp/config/plugins.py), first of all:
-    before the batched launcher forks its workers, Ray starts or Slurm is asked for a job."""
+    """The sweep's launcher and sweeper settings (gradexp/config/plugins.py), then what the
+    launcher needs of this machine (Slurm's commands, Ray's CPUs and GPUs), first of all: before
+    the batched launcher forks its workers, Ray starts or Slurm is asked for a job."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _exit_if_invalid(lambda: check_plugins(config))
+        _exit_if_invalid(lambda: (check_plugins(config), check_machine(config)))
 
 
 class Checks(Callback):
