@@ -6,6 +6,8 @@
                                 search sweeper's dataclasses) and their comments
     reference/layout.md         every module of gradexp/ and hydra_plugins/ with the first
                                 sentence of its docstring
+    reference/mutation.md       the mutation scores in docs/mutation.json (written by
+                                `python tests/mutation.py --record`)
     performance.md              the bench's figures in docs/performance.json
                                 (gradexp/bench/report.py)
 
@@ -19,6 +21,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import json
 import re
 import sys
 from pathlib import Path
@@ -291,12 +294,46 @@ def layout_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+def mutation_page(path: Path) -> str:
+    """The mutation scores `python tests/mutation.py --record` wrote into `path`: a row per
+    module, a group's score killed / (tested − equivalent) over its modules, against its target
+    (95 % for the core groups, 90 % past them)."""
+    groups = json.loads(path.read_text()) if path.exists() else {}
+    lines = [HEADER, "", "# Mutation scores", "",
+             "How many of mutmut's small edits of each module the tests catch (`python "
+             "tests/mutation.py --record GROUP`; CONTRIBUTING.md says how it works). The score "
+             "is killed / (tested − equivalent); the equivalent mutants, each with its reason, "
+             "are listed in tests/mutation_equivalents.md. Each group as last measured, at the "
+             "commit and day shown; a group not listed has not been measured since the runner "
+             "recorded scores.", "",
+             "| group | module | mutants | killed | not killed | equivalent | score | target "
+             "| measured at |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for group, entry in groups.items():
+        mods = entry["modules"]
+        killed = sum(m["killed"] + m["in_subprocess"] for m in mods)
+        scored = sum(m["scored"] for m in mods)
+        score = killed / scored if scored else float("nan")
+        met = "met" if score >= entry["target"] else "**not met**"
+        for m in mods:
+            own = (m["killed"] + m["in_subprocess"]) / m["scored"] if m["scored"] else float("nan")
+            lines.append(f"| {group} | `{m['module']}` | {m['total']} | "
+                         f"{m['killed'] + m['in_subprocess']} | "
+                         f"{m['scored'] - m['killed'] - m['in_subprocess']} | {m['equivalent']} "
+                         f"| {own:.1%} | | |")
+        lines.append(f"| **{group}** | all | {sum(m['total'] for m in mods)} | {killed} | "
+                     f"{scored - killed} | {sum(m['equivalent'] for m in mods)} | "
+                     f"**{score:.1%}** | {entry['target']:.0%}: {met} | "
+                     f"{entry['commit']}, {entry['day']} |")
+    return "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------------------- writing
 def pages() -> dict[str, str]:
     from gradexp.bench import report as bench_report
 
     return {"reference/configuration.md": configuration_page(),
             "reference/layout.md": layout_page(),
+            "reference/mutation.md": mutation_page(DOCS / "mutation.json"),
             "performance.md": HEADER + "\n\n" + bench_report.render(DOCS / "performance.json")}
 
 

@@ -41,6 +41,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 EQUIVALENTS = REPO / "tests" / "mutation_equivalents.md"
+RECORD = REPO / "docs" / "mutation.json"  # --record: the scores docs/reference/mutation.md shows
+CORE = ("analysis", "measures", "layers", "clipping", "telemetry", "step")  # target 95 %, else 90
 ELSEWHERE = "## Killed in a subprocess"  # the heading of that file's last section
 
 # what in a test's code starts a process: these names (conftest's gradexp() runs `python -m
@@ -299,6 +301,19 @@ def summarize(group: str, work: Path, seconds: float) -> list[dict]:
     return rows
 
 
+def record(group: str, rows: list[dict]) -> None:
+    """The group's counts into RECORD, with the commit and day they were measured at."""
+    known = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                            capture_output=True, text=True).stdout.strip()
+    keys = ("module", "total", "killed", "survived", "timeout", "no tests", "not checked",
+            "equivalent", "in_subprocess", "scored", "score")
+    known[group] = {"commit": commit, "day": time.strftime("%Y-%m-%d"),
+                    "target": 0.95 if group in CORE else 0.90,
+                    "modules": [{k: r.get(k, 0) for k in keys} for r in rows]}
+    RECORD.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("groups", nargs="*",
@@ -311,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
                              "patterns (e.g. 'gradexp.parts.clipping.zclip.*'), the others left as "
                              "they were: not checked in a fresh scratch copy, or as the last "
                              "run left them with --survivors")
+    parser.add_argument("--record", action="store_true",
+                        help=f"write each group's counts into {RECORD.relative_to(REPO)} (the "
+                             "documentation's table: python -m gradexp.docs_gen)")
     parser.add_argument("--max-children", type=int, default=1,
                         help="mutants tested at once (default 1: the machine is shared)")
     args = parser.parse_args(argv)
@@ -337,7 +355,10 @@ def main(argv: list[str] | None = None) -> int:
         if not again or names:
             subprocess.run([mutmut, "run", "--max-children", str(args.max_children), *names],
                            cwd=work, check=False)
-        everything += summarize(group, work, time.monotonic() - start)
+        rows = summarize(group, work, time.monotonic() - start)
+        everything += rows
+        if args.record:
+            record(group, rows)
     killed = sum(r.get("killed", 0) + r["in_subprocess"] for r in everything)
     scored = sum(r["scored"] for r in everything)
     unchecked = sum(r.get("not checked", 0) for r in everything)
