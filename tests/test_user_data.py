@@ -180,8 +180,9 @@ def test_fewer_classes_than_the_labels_is_refused(make_cfg, user_module):
 @pytest.mark.parametrize("loader, expected", [
     ("three_parts", "dataset.load=my_data:three_parts: must return ((x_train, y_train), "
                     "(x_val, y_val)) as NumPy arrays, or (train, val) as unbatched "
-                    "tf.data.Datasets of (x, y) elements; it returned ((ndarray, ndarray), "
-                    "(ndarray, ndarray), NoneType)"),
+                    "tf.data.Datasets of (x, y) elements, and a third part of its kind for a "
+                    "test split; it returned ((ndarray, ndarray), (ndarray, ndarray), "
+                    "NoneType)"),
     ("batched", "dataset.load=my_data:batched: the training examples' x has shape "
                 "(None, 5, 3): every example must have one shape (a batched dataset? unbatch "
                 "it)"),
