@@ -210,13 +210,13 @@ def train_runs(jobs: list[Job], resume: bool = False,
              for job, logger in zip(jobs[1:], loggers[1:], strict=True)]
     engine.load(runs)
     results = loop(engine, runs, ready)
-    tested = test(engine, runs, results)
+    tested = evaluate_test_split(engine, runs, results)
     batch = {"runs": len(runs), "first": str(runs[0].run_dir)} if len(runs) > 1 else None
     return [finish(run, result, batch and {**batch, "index": k}, tested[k])
             for k, (run, result) in enumerate(zip(runs, results, strict=True))]
 
 
-def test(engine, runs: list[Run], results: list[LoopResult]) -> list[dict]:
+def evaluate_test_split(engine, runs: list[Run], results: list[LoopResult]) -> list[dict]:
     """trainer.test: the final weights of each run that reached its end (or diverged)
     evaluated once on the test split, the batch's in one call, as summary.json's figures
     (rundir.TEST_LOSS, TEST_ACCURACY); {} for the others (an interrupted run's waits for its
@@ -414,7 +414,7 @@ def finish(run: Run, result: LoopResult, batch: dict | None = None,
            tested: dict | None = None) -> dict:
     """Checkpoint the run where it ended, write its summary and final metrics; return it.
     `batch`: {"runs": K, "first": its first run, "index": k} for run k of a batch; `tested`:
-    its figures on the test split (`test`)."""
+    its figures on the test split (`evaluate_test_split`)."""
     run.state.save(result.step)
     summary = run_summary(result, run.cfg, run.overrides, run.where,
                           time.perf_counter() - run.started)

@@ -437,5 +437,5 @@ def validation_set(a: Arrays) -> tuple[tf.Tensor, tf.Tensor]:
 
 def sealed_test_set(a: Arrays) -> tuple[tf.Tensor, tf.Tensor]:
     """The test split's examples and targets as tensors: for the one evaluation of the final
-    weights after training (gradexp/train.py `test`), never during it."""
+    weights after training (gradexp/train.py `evaluate_test_split`), never during it."""
     return tf.constant(a.x_test), tf.constant(a.y_test)
