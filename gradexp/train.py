@@ -210,9 +210,33 @@ def train_runs(jobs: list[Job], resume: bool = False,
              for job, logger in zip(jobs[1:], loggers[1:], strict=True)]
     engine.load(runs)
     results = loop(engine, runs, ready)
+    tested = evaluate_test_split(engine, runs, results)
     batch = {"runs": len(runs), "first": str(runs[0].run_dir)} if len(runs) > 1 else None
-    return [finish(run, result, batch and {**batch, "index": k})
+    return [finish(run, result, batch and {**batch, "index": k}, tested[k])
             for k, (run, result) in enumerate(zip(runs, results, strict=True))]
+
+
+def evaluate_test_split(engine, runs: list[Run], results: list[LoopResult]) -> list[dict]:
+    """trainer.test: the final weights of each run that reached its end (or diverged)
+    evaluated once on the test split, the batch's in one call, as summary.json's figures
+    (rundir.TEST_LOSS, TEST_ACCURACY); {} for the others (an interrupted run's waits for its
+    end). The loop never sees the test split: it is read here, after it."""
+    ended = [result.stopped_by is None for result in results]
+    if not runs[0].cfg.trainer.test or not any(ended):
+        return [{} for _ in runs]
+    from gradexp.parts import data
+
+    measured = {name: value.numpy() for name, value in
+                engine.evaluate(*data.sealed_test_set(runs[0].arrays)).items()}
+    figures = [{rundir.TEST_LOSS: measured["loss/val"][k],
+                rundir.TEST_ACCURACY: measured["accuracy/val"][k]} if ended[k] else {}
+               for k in range(len(runs))]
+    for run, result, f in zip(runs, results, figures, strict=True):
+        if f:
+            run.logger.info("after step %d, the test split (%d examples, read once): loss "
+                            "%.4f, accuracy %.4f", result.step, len(run.arrays.x_test),
+                            f[rundir.TEST_LOSS], f[rundir.TEST_ACCURACY])
+    return figures
 
 
 def train_batch(jobs: list[Job]) -> list[dict]:
@@ -371,6 +395,10 @@ def start(job: Job, resume: bool = False, arrays=None, free_memory: bool = True,
     strategy = devices.strategy(cfg.strategy)
     provenance.add_devices(run_dir, record, devices.describe(where, cfg.strategy, strategy))
     arrays = data.load(cfg.dataset) if arrays is None else arrays
+    if cfg.trainer.test and arrays.x_test is None:  # dataset=arrays: only loading tells
+        source = cfg.dataset.get("load") and f"dataset.load={cfg.dataset.load} returned"
+        raise config.ConfigError(f"trainer.test=true: {source or 'the dataset has'} no test "
+                                 f"split; {config.TEST_SPLITS}")
     step = make_step(cfg, arrays, strategy)
     state = RunState(run_dir, step, strategy, cfg.trainer.keep_checkpoints)
     first = state.restore() if resume else 0
@@ -381,12 +409,15 @@ def start(job: Job, resume: bool = False, arrays=None, free_memory: bool = True,
                resumed.record() if resumed else {})
 
 
-def finish(run: Run, result: LoopResult, batch: dict | None = None) -> dict:
+def finish(run: Run, result: LoopResult, batch: dict | None = None,
+           tested: dict | None = None) -> dict:
     """Checkpoint the run where it ended, write its summary and final metrics; return it.
-    `batch`: {"runs": K, "first": its first run, "index": k} for run k of a batch."""
+    `batch`: {"runs": K, "first": its first run, "index": k} for run k of a batch; `tested`:
+    its figures on the test split (`evaluate_test_split`)."""
     run.state.save(result.step)
     summary = run_summary(result, run.cfg, run.overrides, run.where,
                           time.perf_counter() - run.started)
+    summary.update(tested or {})
     summary["data"] = run.arrays.record()
     summary.update(run.resumed)
     if batch is not None:

@@ -66,7 +66,7 @@ def test_mnist1d_is_the_packages_make_dataset_with_its_own_split(make_cfg):
     from omegaconf import OmegaConf
 
     d = dataset(make_cfg, "mnist1d")
-    assert d.seed == 42 and "val_fraction" not in d  # the published set, the package's split
+    assert d.seed == 42 and d.val_fraction is None  # the published set, the package's split
     np.random.seed(5)
     numpy_state = np.random.get_state()
     a = data.load(d)
@@ -77,7 +77,7 @@ def test_mnist1d_is_the_packages_make_dataset_with_its_own_split(make_cfg):
     assert (a.y_train.shape, a.y_val.shape) == ((4000,), (1000,))
     assert a.x_train.dtype == a.x_val.dtype == np.float32
     assert a.y_train.dtype == a.y_val.dtype == np.int32
-    assert a.num_classes == a.num_outputs == 10 and a.stream is None
+    assert a.num_classes == a.num_outputs == 10 and a.stream is None and a.x_test is None
     assert a.input_shape == OmegaConf.to_object(d).input_shape() == (40, 1)
     assert set(np.unique(a.y_train)) == set(np.unique(a.y_val)) == set(range(10))
     direct = make_dataset(get_dataset_args())  # generated again, here: the same numbers

@@ -47,9 +47,10 @@ def paper_data():
 
 def test_the_validation_set_is_split_from_the_training_set(paper_data):
     """3,600 + 400 of the package's 4,000 training sequences, disjoint; its 1,000 test
-    sequences are in neither split."""
+    sequences are in neither split: they are the third, the test split, as the package has
+    them."""
     data = paper_data.generated(42)
-    (x_train, y_train), (x_val, y_val) = paper_data.mnist1d()
+    (x_train, y_train), (x_val, y_val), (x_test, y_test) = paper_data.mnist1d()
     assert (x_train.shape, x_val.shape) == ((3600, 40, 1), (400, 40, 1))
     assert (x_train.dtype, y_train.dtype) == (np.float32, np.int32)
     rows = {row.tobytes() for row in data["x"].astype(np.float32)}
@@ -57,6 +58,9 @@ def test_the_validation_set_is_split_from_the_training_set(paper_data):
     assert {row.tobytes() for row in both} == rows and len(rows) == 4000
     test = {row.tobytes() for row in data["x_test"].astype(np.float32)}
     assert not test & {row.tobytes() for row in both}
+    np.testing.assert_array_equal(x_test[..., 0], data["x_test"].astype(np.float32))
+    np.testing.assert_array_equal(y_test, data["y_test"])
+    assert (x_test.dtype, y_test.dtype) == (np.float32, np.int32)
     labels = dict(zip((r.tobytes() for r in data["x"].astype(np.float32)), data["y"],
                       strict=True))
     assert all(labels[r.tobytes()] == y for r, y in zip(x_val[..., 0], y_val, strict=True))
@@ -65,12 +69,14 @@ def test_the_validation_set_is_split_from_the_training_set(paper_data):
 def test_shuffled_data_permute_every_sequence_alike(paper_data):
     """The same examples in the same split, each with its positions in one fixed order that
     is not the original one; the labels stay."""
-    (x_train, y_train), (x_val, y_val) = paper_data.mnist1d()
-    (s_train, s_train_y), (s_val, s_val_y) = paper_data.mnist1d(shuffle=True)
+    (x_train, y_train), (x_val, y_val), (x_test, y_test) = paper_data.mnist1d()
+    (s_train, s_train_y), (s_val, s_val_y), (s_test, s_test_y) = paper_data.mnist1d(shuffle=True)
     order = paper_data.permutation(True)
     assert sorted(order) == list(range(40)) and (order != np.arange(40)).any()
     np.testing.assert_array_equal(s_train, x_train[:, order])
     np.testing.assert_array_equal(s_val, x_val[:, order])
+    np.testing.assert_array_equal(s_test, x_test[:, order])  # the test split alike
+    np.testing.assert_array_equal(s_test_y, y_test)
     np.testing.assert_array_equal(s_train_y, y_train)
     np.testing.assert_array_equal(s_val_y, y_val)
     other = paper_data.mnist1d(shuffle=True, permutation_seed=1)[0][0]

@@ -180,8 +180,9 @@ def test_fewer_classes_than_the_labels_is_refused(make_cfg, user_module):
 @pytest.mark.parametrize("loader, expected", [
     ("three_parts", "dataset.load=my_data:three_parts: must return ((x_train, y_train), "
                     "(x_val, y_val)) as NumPy arrays, or (train, val) as unbatched "
-                    "tf.data.Datasets of (x, y) elements; it returned ((ndarray, ndarray), "
-                    "(ndarray, ndarray), NoneType)"),
+                    "tf.data.Datasets of (x, y) elements, and a third part of its kind for a "
+                    "test split; it returned ((ndarray, ndarray), (ndarray, ndarray), "
+                    "NoneType)"),
     ("batched", "dataset.load=my_data:batched: the training examples' x has shape "
                 "(None, 5, 3): every example must have one shape (a batched dataset? unbatch "
                 "it)"),
@@ -292,7 +293,14 @@ def test_tfds_images_are_scaled_to_the_unit_interval(make_cfg, tfds_dir):
         np.testing.assert_array_equal(y[ours], labels[theirs])
     half = data.load(make_cfg(*tfds_overrides(tfds_dir), 'dataset.split_train="train[:50%]"',
                               'dataset.split_val="train[50%:]"').dataset)
-    assert (len(half.x_train), len(half.x_val)) == (80, 80)
+    assert (len(half.x_train), len(half.x_val)) == (80, 80) and half.x_test is None
+    tested = data.load(make_cfg(*tfds_overrides(tfds_dir), 'dataset.split_train="train[:50%]"',
+                                'dataset.split_val="train[50%:]"', "dataset.split_test=test")
+                       .dataset)  # the test split: the 40 test images, scaled and checked
+    ours, theirs = (np.lexsort(v.reshape(len(v), -1).T) for v in (tested.x_test, a.x_val))
+    np.testing.assert_array_equal(tested.x_test[ours], a.x_val[theirs])
+    np.testing.assert_array_equal(tested.y_test[ours], a.y_val[theirs])
+    assert tested.y_test.dtype == np.int32 and tested.record()["test_examples"] == 40
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """MNIST-1D as the paper's study needs it, written as a user writes data for gradexp
-(`dataset=arrays`, a function returning ((x_train, y_train), (x_val, y_val))):
+(`dataset=arrays`, a function returning ((x_train, y_train), (x_val, y_val), (x_test, y_test))):
 
     regular    the mnist1d package's published set (`make_dataset` of `get_dataset_args()`,
                seed 42): its 4,000 training sequences of 40 steps, split into training and
@@ -9,9 +9,11 @@
                et al. (2017), which leaves a logistic regression or an MLP as they were and takes
                a CNN's or a GRU's notion of neighbouring steps away
 
-The package's 1,000 test sequences are not returned: no run sees them. Reading them once at the
-end needs what gradexp does not have yet (README, "The paper's own models"). Examples are
-(40, 1) float32, labels int32.
+    test       the package's 1,000 test sequences (the same permutation under `shuffle`): the
+               test split, which a run reads once, after its last step, under trainer.test
+               (paper_conf/experiment/mnist1d_paper.yaml); nothing reads it during training
+
+Examples are (40, 1) float32, labels int32.
 """
 
 from __future__ import annotations
@@ -54,11 +56,14 @@ def as_examples(x: np.ndarray, y: np.ndarray, order: np.ndarray):
 
 def mnist1d(shuffle: bool = False, val_fraction: float = 0.1, split_seed: int = 0,
             permutation_seed: int = 0, data_seed: int = 42):
-    """((x_train, y_train), (x_val, y_val)) from the package's 4,000 training sequences."""
+    """((x_train, y_train), (x_val, y_val)) from the package's 4,000 training sequences, and
+    (x_test, y_test), its 1,000 test sequences."""
     data = generated(data_seed)
-    x, y = as_examples(data["x"], data["y"], permutation(shuffle, permutation_seed))
+    order_40 = permutation(shuffle, permutation_seed)
+    x, y = as_examples(data["x"], data["y"], order_40)
     order = np.random.default_rng(split_seed).permutation(len(x))
     n_val = round(val_fraction * len(x))
     val, train = order[:n_val], order[n_val:]
-    return (x[train], y[train]), (x[val], y[val])
+    return ((x[train], y[train]), (x[val], y[val]),
+            as_examples(data["x_test"], data["y_test"], order_40))
 

@@ -2,9 +2,10 @@
 # MNIST-1D with the paper's own models, run the way a user runs a model of their own
 # (model=keras, here through paper_conf/: paper_models.py, paper_data.py): the four models x
 # {regular, spatially shuffled} data x seeds 0-4 = 40 runs of 8,000 steps (each setting's five
-# seeds train as one batch), validated on 400 sequences split from the training set; then the
-# summary (each model's shuffled data against its regular data, unpaired) and paper_table.py
-# into paper/. The package's test set is not read (README, "The paper's own models").
+# seeds train as one batch), validated on 400 sequences split from the training set, and the
+# final weights evaluated once, after the last step, on the package's 1,000 test sequences
+# (trainer.test; nothing reads them during training); then the summary (each model's shuffled
+# data against its regular data, unpaired) and paper_table.py into paper/.
 #   bash experiments/mnist1d/paper_run.sh              # two worker processes (WORKERS=2)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"

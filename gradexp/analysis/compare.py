@@ -27,6 +27,7 @@ from gradexp.analysis.metrics import (
     RATES,
     RUN_EXTRAS,
     SUCCESS_METRICS,
+    TEST_METRICS,
     Settings,
     run_metrics,
     steps_before_divergence,
@@ -47,7 +48,8 @@ STRUCTURE = ("model", "dataset", "experiment")
 def is_unpaired(baseline: dict[str, str]) -> bool:
     """Whether groups are compared with `baseline` unpaired (a key of STRUCTURE in it)."""
     return any(key.split(".")[0] in STRUCTURE for key in baseline)
-WITHOUT_DIVERGED = ("final_loss", "val_loss", "val_accuracy", "mean_loss")  # a diverged run's
+WITHOUT_DIVERGED = ("final_loss", "val_loss", "val_accuracy", "mean_loss",  # a diverged run's
+                    "test_loss", "test_accuracy")
 # figures from before its blow-up: it counts in `diverged`, not in these (their n says so)
 # summary.csv, one row per group × metric: the group's keys and label, then these
 SUMMARY_COLUMNS = ["metric", "better", "n", "mean", "std", "ci_low", "ci_high",
@@ -80,16 +82,24 @@ def _success_below(run: Run) -> float:
 
 
 def measured_metrics(runs_table: pd.DataFrame) -> list[str]:
-    """The metrics of a sweep: METRICS, and SUCCESS_METRICS when some run has a success (then
-    per_run_table gave them a column)."""
-    return [*METRICS, *SUCCESS_METRICS] if "success" in runs_table else list(METRICS)
+    """The metrics of a sweep: METRICS, SUCCESS_METRICS when some run has a success and
+    TEST_METRICS when some run read a test split (then per_run_table gave them columns)."""
+    return [*METRICS, *(SUCCESS_METRICS if "success" in runs_table else ()),
+            *(TEST_METRICS if rundir.TEST_LOSS in runs_table else ())]
+
+
+def test_figures(runs: list[Run]) -> pd.DataFrame:
+    """TEST_METRICS of each run, as its summary.json has them (NaN: none, or a failed run)."""
+    return pd.DataFrame([{name: run.summary.get(name) if run.metrics is not None else None
+                          for name in rundir.TEST_FIGURES} for run in runs],
+                        columns=list(TEST_METRICS), dtype=float)
 
 
 def per_run_table(runs: list[Run], keys: list[str], settings: Settings,
                   baseline: dict[str, str]) -> pd.DataFrame:
     """One row per run: directory, status, group values, seed, metrics (NaN for a failed run),
-    target loss, and SUCCESS_METRICS if some run has a success. The target needs every run's
-    final loss: steps_to_target comes second."""
+    target loss, SUCCESS_METRICS if some run has a success, TEST_METRICS if some run read a
+    test split. The target needs every run's final loss: steps_to_target comes second."""
     rows = [run_metrics(run.metrics, settings, _divergence_factor(run), _reported_step(run),
                         success_below=_success_below(run))
             if run.metrics is not None else {} for run in runs]
@@ -102,6 +112,9 @@ def per_run_table(runs: list[Run], keys: list[str], settings: Settings,
     success = pd.DataFrame(rows, columns=list(SUCCESS_METRICS))
     if success["success"].notna().any():
         table = pd.concat([table, success], axis=1)
+    test = test_figures(runs)
+    if test.notna().any().any():
+        table = pd.concat([table, test], axis=1)
     for i, run in enumerate(runs):
         if run.metrics is not None:
             part = steps_before_divergence(run.metrics, table.at[i, "diverged_step"])

@@ -27,7 +27,10 @@ RUN_EXTRAS = ["loss_spikes", "measured_steps"]  # in runs.csv: the rate's numera
 # Only for runs whose dataset has a success criterion (an `error_rate/val` column): a sweep
 # without one keeps exactly the metrics (and files) above.
 SUCCESS_METRICS: dict[str, str | None] = {"success": "higher", "steps_to_success": "lower"}
-DIRECTIONS = {**METRICS, **SUCCESS_METRICS}  # the better direction of every metric
+# Only for runs that read a test split once after training (trainer.test): summary.json's
+# figures of the final weights (gradexp.runs.rundir.TEST_FIGURES), not the per-step table's
+TEST_METRICS: dict[str, str | None] = {"test_loss": "lower", "test_accuracy": "higher"}
+DIRECTIONS = {**METRICS, **SUCCESS_METRICS, **TEST_METRICS}  # every metric's better direction
 # The 0/1 metrics: a group's mean is a rate (exact interval, k/n), its Δ a difference of rates
 # with the seeds won and lost (no t interval); the rate's name in summary.csv, what a win is.
 RATES = {"diverged": ("divergence", "saved"), "success": ("success", "gained")}

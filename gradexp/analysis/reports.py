@@ -84,20 +84,25 @@ def _diff_cell(row: pd.Series, baseline: dict[str, str]) -> str:
 
 def printed_metrics(tidy: pd.DataFrame) -> list[str]:
     """The metrics of the printed table: `val_accuracy`, or `val_loss` if no group has an
-    accuracy (regression), or both if only some groups have one; `steps_to_success` if some run
-    reached its success criterion; `param_clip_fraction` and `spike_skipped_steps` if some run
-    logged them."""
+    accuracy (regression), or both if only some groups have one; the same of `test_` if some
+    run read a test split; `steps_to_success` if some run reached its success criterion;
+    `param_clip_fraction` and `spike_skipped_steps` if some run logged them."""
     def measured(metric: str) -> np.ndarray:  # per group: does some seed have a value
         return tidy.loc[tidy["metric"] == metric, "n"].to_numpy() > 0
 
-    accuracy, loss = measured("val_accuracy"), measured("val_loss")
-    val = (["val_loss"] if not accuracy.any() else
-           ["val_accuracy"] if (accuracy | ~loss).all() else ["val_loss", "val_accuracy"])
+    def accuracy_or_loss(split: str) -> list[str]:
+        accuracy, loss = measured(f"{split}_accuracy"), measured(f"{split}_loss")
+        return ([f"{split}_loss"] if not accuracy.any() else [f"{split}_accuracy"]
+                if (accuracy | ~loss).all() else [f"{split}_loss", f"{split}_accuracy"])
+
+    val = accuracy_or_loss("val")
+    test = accuracy_or_loss("test") if measured("test_loss").any() else []
     param = ["param_clip_fraction"] if measured("param_clip_fraction").any() else []
     param += ["spike_skipped_steps"] if measured("spike_skipped_steps").any() else []
     success = ["steps_to_success"] if measured("steps_to_success").any() else []
-    return ["final_loss", *val, "loss_spike_rate", "loss_spike_score", "grad_norm_spike_score",
-            "grad_norm_cv", "steps_to_target", *success, "clip_fraction", *param]
+    return ["final_loss", *val, *test, "loss_spike_rate", "loss_spike_score",
+            "grad_norm_spike_score", "grad_norm_cv", "steps_to_target", *success,
+            "clip_fraction", *param]
 
 
 def group_table(tidy: pd.DataFrame, keys: list[str], baseline: dict[str, str],

@@ -30,11 +30,11 @@ from gradexp.config.hydra_glue import compose_once, explain, register, sweep_job
 from gradexp.config.layer import NORM_AXES, ClipSpec, LayerConfig, clip_bounds, clip_spec, positions
 from gradexp.config.model import ModelConfig, check_model_takes, input_kind
 from gradexp.config.optimizer import OptimizerConfig
-from gradexp.config.root import Config, validate
+from gradexp.config.root import TEST_SPLITS, Config, validate
 from gradexp.config.trainer import TrainerConfig
 
 __all__ = [
-    "NORM_AXES", "Choice", "ClipSpec", "ClippingConfig", "Config", "ConfigError",
+    "NORM_AXES", "TEST_SPLITS", "Choice", "ClipSpec", "ClippingConfig", "Config", "ConfigError",
     "DatasetConfig", "LayerConfig", "ModelConfig", "NotRegistered", "OptimizerConfig",
     "Registry", "TrainerConfig", "at_least", "check_model_takes", "clip_bounds", "clip_spec",
     "compose_once", "explain", "finite", "import_object", "input_kind", "need", "one_of",

@@ -22,6 +22,8 @@ DEVICES = ("auto", "cpu", "gpu")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 STRATEGIES = ("none", "mirrored")
 CHECKED = ("model", "dataset", "optimizer", "clipping", "layer", "trainer")  # nodes with a `check`
+TEST_SPLITS = ("datasets with one: mnist1d with dataset.val_fraction set, tfds with "
+               "dataset.split_test, arrays whose load returns a third part (x_test, y_test)")
 
 
 @dataclass
@@ -64,6 +66,9 @@ def validate(cfg: DictConfig) -> None:
         except ConfigError as exc:
             raise ConfigError(f"{group}.{exc}") from None
     dataset = OmegaConf.to_object(cfg.dataset)
+    if cfg.trainer.test and dataset.has_test_split() is False:
+        raise ConfigError(f"trainer.test=true: dataset={type(dataset).name} has no test split; "
+                          f"{TEST_SPLITS}")
     if dataset.input_shape() is not None:  # else known once loaded: make_step checks it then
         check_model_takes(OmegaConf.to_object(cfg.model), dataset.name, dataset.input_shape())
     low, high = clip_bounds(cfg)

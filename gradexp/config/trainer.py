@@ -32,6 +32,11 @@ class TrainerConfig:
     spike_z: float = 6.0  # a spike: z-score above this against the running (EMA) statistics
     spike_warmup: int = 50  # steps that set the statistics before any step can be a spike
     spike_alpha: float = 0.99  # the EMA's factor
+    # true: after the last step, the final weights are evaluated once on the dataset's test
+    # split (summary.json test_loss, test_accuracy); nothing reads it during training. The
+    # dataset must have one: mnist1d with val_fraction set, arrays whose load returns a third
+    # pair (x_test, y_test), tfds with split_test
+    test: bool = False
 
     def check(self) -> None:
         at_least(self, 1, "steps", "batch_size", "log_every", "eval_every")

@@ -4,7 +4,9 @@ Each loader, registered by `@loader(name)` under its schema's name (gradexp/conf
 returns (x, y, num_classes), which `load` splits by `dataset.seed` alone (runs that differ in
 `seed` see the same data in another order); num_classes None means regression (y a float per
 example, the model has one output). A dataset with its own split (`mnist1d`, and `arrays` and
-`tfds`, read and checked by gradexp/parts/external_data.py) returns `Arrays`, kept as they are.
+`tfds`, read and checked by gradexp/parts/external_data.py) returns `Arrays`, kept as they are;
+those may hold a test split, which only `sealed_test_set` gives out, for the one evaluation after
+training (trainer.test).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Arrays:
     x_val: np.ndarray
     y_val: np.ndarray
     num_classes: int | None  # None: regression
+    x_test: np.ndarray | None = None  # the test split (None: none), read once after training
+    y_test: np.ndarray | None = None
     stream: Callable[[int, int, int], tuple[np.ndarray, np.ndarray]] | None = None
     # stream(seed, step, n): the n fresh training examples of `step` (no x_train then)
 
@@ -52,10 +56,14 @@ class Arrays:
 
     def record(self) -> dict:
         """What a run trained on, for its summary.json: one example's shape, the classes (None:
-        a regression), the training examples (None: drawn fresh at every step), the held-out."""
-        return {"input_shape": list(self.input_shape), "num_classes": self.num_classes,
-                "train_examples": None if self.stream else len(self.x_train),
-                "val_examples": len(self.x_val)}
+        a regression), the training examples (None: drawn fresh at every step), the held-out,
+        and the test split's examples if it has one."""
+        record = {"input_shape": list(self.input_shape), "num_classes": self.num_classes,
+                  "train_examples": None if self.stream else len(self.x_train),
+                  "val_examples": len(self.x_val)}
+        if self.x_test is not None:
+            record["test_examples"] = len(self.x_test)
+        return record
 
 
 @loader("digits")
@@ -73,14 +81,21 @@ def mnist1d(d: DictConfig) -> Arrays:
     """MNIST-1D (Greydanus 2020) as the `mnist1d` package generates it: `make_dataset` with its
     published arguments (`get_dataset_args()`: 5000 sequences of 40 steps, 10 classes), `seed`
     replaced by `d.seed` (42: the published set). Examples (40, 1): 40 steps of 1 feature.
-    The package's own split: its 4000 training sequences train, its 1000 test ones validate."""
+    The package's own split: its 4000 training sequences train, its 1000 test ones validate;
+    with `d.val_fraction`, that share of the 4000 (drawn by `d.seed`, as `load` draws it)
+    validates and the 1000 are the test split."""
     generated = mnist1d_generated(d.seed)
 
     def part(x, y):
         return x.astype(np.float32)[..., None], y.astype(np.int32)  # copies: the cache stays
 
-    return Arrays(*part(generated["x"], generated["y"]),
-                  *part(generated["x_test"], generated["y_test"]), num_classes=10)
+    train, test = part(generated["x"], generated["y"]), part(generated["x_test"],
+                                                            generated["y_test"])
+    if d.get("val_fraction") is None:
+        return Arrays(*train, *test, num_classes=10)
+    split = split_off(*train, d.val_fraction, d.seed, num_classes=10)
+    split.x_test, split.y_test = test
+    return split
 
 
 @functools.lru_cache(maxsize=1)
@@ -296,19 +311,20 @@ def keras_files_in(directory: Path, dataset: str, load_data):
 def arrays(d: DictConfig) -> Arrays:
     """The user's split: `d.load(**d.kwargs)` (its contract: external_data.CONTRACT), checked
     and typed by `external_data.checked` (the task from the labels, `d.task`, `d.num_classes`)."""
-    train, val = external_data.user_splits(d)
+    train, val, test = external_data.user_splits(d)
     return Arrays(*external_data.checked(f"dataset.load={d.load}", train, val, d.task,
-                                         d.num_classes))
+                                         d.num_classes, test))
 
 
 @loader("tfds")
 def tfds(d: DictConfig) -> Arrays:
     """The TFDS dataset `d.name` prepared in `d.data_dir`, its splits `d.split_train` and
-    `d.split_val` (external_data.tfds_splits), uint8 inputs scaled to [0, 1], checked."""
-    (x_train, y_train), (x_val, y_val), num_classes = external_data.tfds_splits(d)
-    return Arrays(*external_data.checked(f"dataset.name={d.name}",
-                                         (unit_scaled(x_train), y_train),
-                                         (unit_scaled(x_val), y_val), d.task, num_classes))
+    `d.split_val` (and `d.split_test`: external_data.tfds_splits), uint8 inputs scaled to
+    [0, 1], checked."""
+    *splits, num_classes = external_data.tfds_splits(d)
+    train, val, test = (split and (unit_scaled(split[0]), split[1]) for split in splits)
+    return Arrays(*external_data.checked(f"dataset.name={d.name}", train, val, d.task,
+                                         num_classes, test))
 
 
 def choice(d: DictConfig) -> str:
@@ -329,13 +345,19 @@ def load(d: DictConfig) -> Arrays:
         def stream(seed: int, step: int, n: int):
             return sample(np.random.default_rng([seed, d.seed, step]), n)
 
-        return Arrays(x[:0], y[:0], x, y, d.get("num_classes"), stream)
+        return Arrays(x[:0], y[:0], x, y, d.get("num_classes"), stream=stream)
     loaded = LOADERS[choice(d)](d)
     if isinstance(loaded, Arrays):  # the dataset's own split
         return loaded
-    x, y, num_classes = loaded
-    order = np.random.default_rng(d.seed).permutation(len(x))
-    n_val = max(1, int(round(len(x) * d.val_fraction)))
+    return split_off(*loaded[:2], d.val_fraction, d.seed, num_classes=loaded[2])
+
+
+def split_off(x: np.ndarray, y: np.ndarray, val_fraction: float, seed: int,
+              num_classes: int | None) -> Arrays:
+    """x, y split into training and validation: max(1, round(N · val_fraction)) examples, the
+    first of a permutation drawn from `seed`, validate."""
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_val = max(1, int(round(len(x) * val_fraction)))
     val, train = order[:n_val], order[n_val:]
     return Arrays(x[train], y[train], x[val], y[val], num_classes)
 
@@ -411,3 +433,9 @@ VAL_BATCH = 1024  # validation examples per forward pass of an evaluation (step.
 def validation_set(a: Arrays) -> tuple[tf.Tensor, tf.Tensor]:
     """The held-out examples and targets, in order, as tensors (see `evaluate` in step.py)."""
     return tf.constant(a.x_val), tf.constant(a.y_val)
+
+
+def sealed_test_set(a: Arrays) -> tuple[tf.Tensor, tf.Tensor]:
+    """The test split's examples and targets as tensors: for the one evaluation of the final
+    weights after training (gradexp/train.py `evaluate_test_split`), never during it."""
+    return tf.constant(a.x_test), tf.constant(a.y_test)

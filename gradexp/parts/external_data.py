@@ -19,13 +19,15 @@ from gradexp.config import ConfigError, import_object, need
 
 XY = tuple[np.ndarray, np.ndarray]  # one split's examples and labels (or targets)
 CONTRACT = ("must return ((x_train, y_train), (x_val, y_val)) as NumPy arrays, or (train, val) "
-            "as unbatched tf.data.Datasets of (x, y) elements")
+            "as unbatched tf.data.Datasets of (x, y) elements, and a third part of its kind "
+            "for a test split")
+PARTS = ("training", "validation", "test")
 READ_BATCH = 4096  # examples per batch when a tf.data.Dataset is read into arrays
 
 
 # ------------------------------------------------------------------------- dataset=arrays
-def user_splits(d: DictConfig) -> tuple[XY, XY]:
-    """(training, validation) as `d.load(**d.kwargs)` returns them (`CONTRACT`), a pair of
+def user_splits(d: DictConfig) -> tuple[XY, XY, XY | None]:
+    """(training, validation, test or None) as `d.load(**d.kwargs)` returns them (`CONTRACT`),
     datasets read into arrays (`read`); a call that could not take the kwargs, or a return
     value of another form, is a ConfigError."""
     load = import_object("dataset.load", d.load)
@@ -38,11 +40,14 @@ def user_splits(d: DictConfig) -> tuple[XY, XY]:
         pass
     returned = load(**kwargs)
     where = f"dataset.load={d.load}"
-    if is_pair(returned) and all(isinstance(part, tf.data.Dataset) for part in returned):
-        return read(returned[0], where, "training"), read(returned[1], where, "validation")
-    if not (is_pair(returned) and all(is_pair(part) for part in returned)):
+    parts = isinstance(returned, (tuple, list)) and len(returned) in (2, 3)
+    if parts and all(isinstance(part, tf.data.Dataset) for part in returned):
+        splits = [read(part, where, name) for part, name in zip(returned, PARTS, strict=False)]
+    elif parts and all(is_pair(part) for part in returned):
+        splits = [tuple(part) for part in returned]
+    else:
         raise ConfigError(f"{where}: {CONTRACT}; it returned {outline(returned)}")
-    return tuple(returned[0]), tuple(returned[1])
+    return splits[0], splits[1], splits[2] if len(splits) == 3 else None
 
 
 def is_pair(value: Any) -> bool:
@@ -73,11 +78,12 @@ def read(dataset: tf.data.Dataset, where: str, part: str) -> XY:
 
 
 # --------------------------------------------------------------------------- dataset=tfds
-def tfds_splits(d: DictConfig) -> tuple[XY, XY, int | None]:
-    """(training, validation, num_classes) of the TFDS dataset `d.name` prepared in
-    `d.data_dir`: the features `d.x_key` and `d.y_key` of the splits `d.split_train` and
-    `d.split_val`, as arrays; num_classes: `d.num_classes`, else the y feature's (a ClassLabel),
-    else None (from the labels). Read from the files alone: nothing is downloaded or built."""
+def tfds_splits(d: DictConfig) -> tuple[XY, XY, XY | None, int | None]:
+    """(training, validation, test or None, num_classes) of the TFDS dataset `d.name` prepared
+    in `d.data_dir`: the features `d.x_key` and `d.y_key` of the splits `d.split_train`,
+    `d.split_val` and `d.split_test` (None: no test split), as arrays; num_classes:
+    `d.num_classes`, else the y feature's (a ClassLabel), else None (from the labels). Read
+    from the files alone: nothing is downloaded or built."""
     import tensorflow_datasets as tfds
 
     data_dir = tfds_data_dir(d.data_dir)
@@ -96,8 +102,9 @@ def tfds_splits(d: DictConfig) -> tuple[XY, XY, int | None]:
         need(d[key] in features, f"dataset.{key}", d[key],
              f"must be one of {d.name}'s features: {', '.join(features)}")
     splits = [tfds_split(builder, d, key) for key in ("split_train", "split_val")]
+    test = tfds_split(builder, d, "split_test") if d.split_test is not None else None
     labels = getattr(features[d.y_key], "num_classes", None) if d.task != "regression" else None
-    return *splits, d.num_classes or labels
+    return *splits, test, d.num_classes or labels
 
 
 def tfds_data_dir(data_dir: str | None) -> Path:
@@ -124,29 +131,43 @@ def tfds_split(builder, d: DictConfig, key: str) -> XY:
 
 
 # ------------------------------------------------------------------------------- checked
-def checked(where: str, train: XY, val: XY, task: str = "auto",
-            num_classes: int | None = None) -> tuple[np.ndarray, ...]:
-    """(x_train, y_train, x_val, y_val, num_classes) as gradexp trains on them: x float32
-    (N, ...), the same example shape in both splits; y (N,), a (N, 1) column flattened: int32
-    class labels in [0, num_classes), or float32 regression targets and num_classes None.
-    The task: `task`, or with `auto` the labels' (integers are classes, floats targets) unless
-    `num_classes` is given; num_classes defaults to the largest label + 1. Anything else is a
-    ConfigError that starts with `where`, the key the data came from."""
-    (x_train, y_train), (x_val, y_val) = train, val
-    x_train, x_val = inputs(where, "x_train", x_train), inputs(where, "x_val", x_val)
-    y_train = labels(where, "y_train", y_train, "x_train", len(x_train))
-    y_val = labels(where, "y_val", y_val, "x_val", len(x_val))
-    if x_train.shape[1:] != x_val.shape[1:]:
-        raise ConfigError(f"{where}: training examples have shape {x_train.shape[1:]}, "
-                          f"validation examples {x_val.shape[1:]}; they must have one shape")
-    kinds = [label_kind(where, name, y) for name, y in (("y_train", y_train), ("y_val", y_val))]
-    if kinds[0] != kinds[1]:
-        raise ConfigError(f"{where}: y_train holds {kinds[0]}, y_val {kinds[1]}; both must be "
-                          "integers (class labels) or both floats (regression targets)")
-    if task == "regression" or (task == "auto" and kinds[0] == "floats" and num_classes is None):
-        return x_train, y_train.astype(np.float32), x_val, y_val.astype(np.float32), None
-    y_train, y_val, num_classes = class_labels(where, y_train, y_val, num_classes)
-    return x_train, y_train, x_val, y_val, num_classes
+def checked(where: str, train: XY, val: XY, task: str = "auto", num_classes: int | None = None,
+            test: XY | None = None) -> tuple:
+    """(x_train, y_train, x_val, y_val, num_classes, x_test, y_test) as gradexp trains on them
+    (x_test, y_test None without a `test` split): x float32 (N, ...), the same example shape in
+    every split; y (N,), a (N, 1) column flattened: int32 class labels in [0, num_classes), or
+    float32 regression targets and num_classes None. The task: `task`, or with `auto` the
+    labels' (integers are classes, floats targets) unless `num_classes` is given; num_classes
+    defaults to the largest label + 1. Anything else is a ConfigError that starts with `where`,
+    the key the data came from."""
+    splits = {"train": train, "val": val, **({"test": test} if test is not None else {})}
+    xs, ys = {}, {}
+    for name, (x, y) in splits.items():
+        xs[name] = inputs(where, f"x_{name}", x)
+        ys[name] = labels(where, f"y_{name}", y, f"x_{name}", len(xs[name]))
+    names = dict(zip(splits, PARTS, strict=False))
+    for name in list(splits)[1:]:
+        if xs[name].shape[1:] != xs["train"].shape[1:]:
+            raise ConfigError(f"{where}: training examples have shape {xs['train'].shape[1:]}, "
+                              f"{names[name]} examples {xs[name].shape[1:]}; they must have "
+                              "one shape")
+    kinds = {name: label_kind(where, f"y_{name}", y) for name, y in ys.items()}
+    for name in list(splits)[1:]:
+        if kinds[name] != kinds["train"]:
+            raise ConfigError(f"{where}: y_train holds {kinds['train']}, y_{name} "
+                              f"{kinds[name]}; both must be integers (class labels) or both "
+                              "floats (regression targets)")
+    if task == "regression" or (task == "auto" and kinds["train"] == "floats"
+                                and num_classes is None):
+        ys = {name: y.astype(np.float32) for name, y in ys.items()}
+        num_classes = None
+    else:  # the classes are training's and validation's: the test split decides nothing
+        test_labels = ys.pop("test", None)
+        ys, num_classes = class_labels(where, ys, num_classes)
+        if test_labels is not None:
+            ys["test"] = test_classes(where, test_labels, num_classes)
+    return (xs["train"], ys["train"], xs["val"], ys["val"], num_classes, xs.get("test"),
+            ys.get("test"))
 
 
 def inputs(where: str, name: str, x: Any) -> np.ndarray:
@@ -177,6 +198,15 @@ def labels(where: str, name: str, y: Any, x_name: str, n: int) -> np.ndarray:
     return y
 
 
+def test_classes(where: str, y: np.ndarray, num_classes: int) -> np.ndarray:
+    """The test split's labels as int32, each one of the `num_classes` classes."""
+    outside = y[(y != np.round(y)) | (y < 0) | (y >= num_classes)]
+    if len(outside):
+        raise ConfigError(f"{where}: y_test holds {outside[0]}, not one of the {num_classes} "
+                          f"classes (0 to {num_classes - 1}) of training and validation")
+    return y.astype(np.int32)
+
+
 def label_kind(where: str, name: str, y: np.ndarray) -> str:
     """'integers' or 'floats'; any other dtype is a ConfigError."""
     if np.issubdtype(y.dtype, np.integer):
@@ -187,10 +217,11 @@ def label_kind(where: str, name: str, y: np.ndarray) -> str:
                       "or floats (regression targets)")
 
 
-def class_labels(where: str, y_train: np.ndarray, y_val: np.ndarray,
-                 num_classes: int | None) -> tuple[np.ndarray, np.ndarray, int]:
-    """(y_train, y_val) as int32 labels and num_classes (default: the largest label + 1)."""
-    both = np.concatenate([y_train, y_val])
+def class_labels(where: str, ys: dict[str, np.ndarray],
+                 num_classes: int | None) -> tuple[dict[str, np.ndarray], int]:
+    """Each split's labels (`ys`, by split) as int32 and num_classes (default: the largest
+    label + 1)."""
+    both = np.concatenate(list(ys.values()))
     fractional = both[both != np.round(both)]
     if len(fractional):
         raise ConfigError(f"{where}: the labels hold {fractional[0]}, not a class (an integer); "
@@ -206,4 +237,4 @@ def class_labels(where: str, y_train: np.ndarray, y_val: np.ndarray,
         num_classes = high + 1
     need(num_classes > high, "dataset.num_classes", num_classes,
          f"must exceed the largest label, {high}")
-    return y_train.astype(np.int32), y_val.astype(np.int32), num_classes
+    return {name: y.astype(np.int32) for name, y in ys.items()}, num_classes

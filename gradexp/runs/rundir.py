@@ -5,12 +5,14 @@ Every name a run writes or reads is spelled here, and nowhere else:
     <run dir>/
       .hydra/{config,hydra,overrides}.yaml   Hydra's record of the job (resumes add resumed-*/)
       summary.json                           status and final figures, written atomically
+                                             (with trainer.test: TEST_FIGURES, of the test split)
       metrics.csv                            one row per step
       events.out.tfevents.*                  TensorBoard
       checkpoints/                           the latest training state (resume)
       provenance.json                        code version, packages, devices
-      (gradexp.runs.provenance) provenance.diff                        `git diff HEAD` when the
-      code's tree was dirty provenance.resume-<n>.diff             the same, for the n-th resume
+                                             (gradexp.runs.provenance)
+      provenance.diff                        `git diff HEAD` when the code's tree was dirty
+      provenance.resume-<n>.diff             the same, for the n-th resume
       .lock                                  held by the process that writes the run
                                              (gradexp.runs.runlock): one writer per run
 
@@ -45,6 +47,11 @@ PROVENANCE = "provenance.json"
 PROVENANCE_DIFF = "provenance.diff"
 SWEEP_RECORD = "multirun.yaml"  # at a sweep's root
 LOCK = ".lock"  # gradexp.runs.runlock's
+
+# summary.json's figures of the test split (trainer.test): the final weights evaluated once,
+# after the last step, on examples nothing read during training; absent without a test
+TEST_LOSS, TEST_ACCURACY = "test_loss", "test_accuracy"
+TEST_FIGURES = (TEST_LOSS, TEST_ACCURACY)
 
 RUNNING, COMPLETED, DIVERGED, INTERRUPTED, FAILED = (
     "running", "completed", "diverged", "interrupted", "failed")

@@ -157,12 +157,18 @@ def final_metrics(s: dict) -> dict:
 
 
 def final_line(s: dict, run_dir: Path) -> str:
-    """The run's last log line: how it ended, final loss, val accuracy (or loss), time."""
+    """The run's last log line: how it ended, final loss, val accuracy (or loss), test accuracy
+    (or loss) if measured, time."""
     accuracy, val_loss = s["val_accuracy"], s["val_loss"]
     ended = (f"diverged at step {s['diverged_step']}" if s["status"] == rundir.DIVERGED
              else s["status"])
     loss = "n/a" if s["final_loss"] is None else f"{s['final_loss']:.4f}"
     val = (f"val accuracy {accuracy:.4f}" if accuracy is not None and np.isfinite(accuracy)
            else "val loss n/a" if val_loss is None else f"val loss {val_loss:.4f}")
+    if rundir.TEST_LOSS in s:  # trainer.test: the test split, read once at the end
+        test_accuracy, test_loss = s[rundir.TEST_ACCURACY], s[rundir.TEST_LOSS]
+        val += (f", test accuracy {test_accuracy:.4f}"
+                if test_accuracy is not None and np.isfinite(test_accuracy) else
+                ", test loss n/a" if test_loss is None else f", test loss {test_loss:.4f}")
     took = f"{s['steps']} steps in {s['wall_time_s']:.1f} s"
     return f"{ended}: final loss {loss}, {val}, {took} -> {run_dir}"
