@@ -81,3 +81,45 @@ def test_event_files_are_read_when_there_is_no_metrics_csv(tmp_path):
     m = run_metrics(loaded.metrics, Settings(spike_window=3))
     assert m["loss_spike_rate"] == 20 and m["grad_norm_cv"] == pytest.approx(math.sqrt(3.2) / 5)
     assert m["clip_fraction"] == 0.25 and m["val_accuracy"] == 0.75
+
+
+def test_event_files_every_step_and_the_reasons_a_run_without_metrics_csv_is_skipped(tmp_path):
+    """A run of 30 steps (more than the event reader keeps of a tag by default, 10) whose first
+    records are a histogram and a final/ scalar: every step is read. Runs without metrics.csv
+    are skipped with the reason: no event files, event files without loss/train, an event file
+    that is no event (a well-framed record of other bytes)."""
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    from gradexp._tf import tf
+
+    def events(name, write):
+        run = write_run(tmp_path / name, [f"clip={name}"], [1.0])
+        (run / "metrics.csv").unlink()
+        if write:
+            writer = tf.summary.create_file_writer(str(run))
+            with writer.as_default():
+                write()
+            writer.close()
+        return run
+
+    def long_run():
+        tf.summary.histogram("gradients/w", [1.0, 2.0], step=0)
+        tf.summary.scalar("final/loss", 0.6, step=0)
+        for step in range(1, 31):
+            tf.summary.scalar("loss/train", 30.0 / step, step=step)
+
+    events("long", long_run)
+    events("none", None)
+    events("no_loss", lambda: tf.summary.scalar("grad_norm/global", 1.0, step=1))
+    corrupt = events("corrupt", None)
+    with open(corrupt / "events.out.tfevents.1.host", "wb") as f:
+        RecordWriter(f).write(b"\xff\xfe not an Event")
+    runs, skipped = load_runs(tmp_path)
+    assert [r.name for r in runs] == ["long"]
+    assert list(runs[0].metrics.columns) == ["step", "loss/train"]
+    assert list(runs[0].metrics["step"]) == list(range(1, 31))
+    assert list(runs[0].metrics["loss/train"]) == pytest.approx([30.0 / s for s in range(1, 31)])
+    reasons = dict(skipped)
+    assert reasons.pop("corrupt").startswith("event files unreadable (DecodeError: ")
+    assert reasons == {"no_loss": "no metrics.csv, and the event files have no loss/train",
+                       "none": "no metrics.csv and no event files"}
