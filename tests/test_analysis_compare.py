@@ -12,8 +12,8 @@ import pytest
 import scipy.stats
 from fake_runs import ending_at, write_run
 
-from gradexp.analysis.compare import _wins, compare, is_unpaired, summarize
-from gradexp.analysis.metrics import Settings
+from gradexp.analysis.compare import _wins, compare, group_counts, is_unpaired, summarize
+from gradexp.analysis.metrics import DIRECTIONS, Settings
 from gradexp.analysis.reports import comparison_note, group_table
 from gradexp.analysis.runs import load_runs
 
@@ -295,6 +295,12 @@ def test_the_unpaired_comparison_by_hand():
         names=["model", "seed"])
     per_seed = pd.DataFrame({m: np.array(v, float) for m, v in seeds.items()}, index=index)
     out = compare(per_seed, ["model"], {"model": "mlp"})
+    # metric by metric in the table's order, groups in the order they come (unsorted), each
+    # with its better direction
+    better = out["better"].fillna("none")
+    assert list(zip(out["model"], out["metric"], better, strict=True)) == [
+        (model, metric, DIRECTIONS[metric] or "none")
+        for metric in seeds for model in ("mlp", "cnn", "rnn")]
     assert list(out.columns) == [
         "model", "metric", "better", "n", "mean", "std", "ci_low", "ci_high", "baseline",
         "n_paired", "n_diff", "diff_mean", "diff_ci_low", "diff_ci_high", "test", "sign_p",
@@ -337,3 +343,19 @@ def test_the_unpaired_comparison_by_hand():
     assert rows.loc[("mlp", "final_loss"), columns].isna().all()
     # a baseline key of another model, dataset or experiment, also a key inside one
     assert is_unpaired({"model.width": "32"}) and is_unpaired({"dataset.noise": "0.1"})
+
+
+def test_group_counts_by_hand():
+    """Per group, in the order the groups come: runs; completed (finished, not diverged);
+    diverged (by its status or by its table, even while running), not failed; failed; incomplete
+    (running, interrupted or without summary.json, not diverged). Whole counts."""
+    nan = math.nan
+    rows = [("b", "completed", 0), ("b", "completed", 0), ("b", "diverged", 1),
+            ("b", "running", 0), ("b", "running", 0), ("b", "failed", nan),
+            ("b", "unknown", 0), ("b", "completed", 1), ("b", "running", 1),
+            ("b", "interrupted", 0), ("a", "completed", 0)]
+    runs_table = pd.DataFrame(rows, columns=["clip", "status", "diverged"])
+    expected = pd.DataFrame({"runs": [10, 1], "completed": [2, 1], "diverged": [3, 0],
+                             "failed": [1, 0], "incomplete": [4, 0]},
+                            index=pd.Index(["b", "a"], name="clip"))
+    pd.testing.assert_frame_equal(group_counts(runs_table, ["clip"]), expected)
