@@ -359,3 +359,41 @@ def test_group_counts_by_hand():
                              "failed": [1, 0], "incomplete": [4, 0]},
                             index=pd.Index(["b", "a"], name="clip"))
     pd.testing.assert_frame_equal(group_counts(runs_table, ["clip"]), expected)
+
+
+def test_the_paired_comparison_by_hand():
+    """compare() on per-seed values written out, against clip=null, seed by seed. clip=0.1 has
+    seeds 0-2; its seed 1 and null's seed 2 diverged: out of final_loss and val_accuracy (one
+    pair left, seed 0), in `diverged` (seed 0 a tie, 1 a loss, 2 a win: no t interval on 0/1
+    values). grad_norm_mean has no better direction: its interval, no wins, ties or test."""
+    from scipy.stats import binomtest
+
+    nan = math.nan
+    seeds = {  # per metric: null's seeds 0-3, 0.1's 0-2 (9: before a blow-up)
+        "diverged": [0, 0, 1, 0] + [0, 1, 0],
+        "final_loss": [2.0, 3.0, 9, 4.0] + [1.0, 9, 2.5],
+        "val_accuracy": [0.5, 0.5, 9, 0.7] + [0.6, 9, 0.4],
+        "grad_norm_mean": [1, 2, 3, 4] + [2, 2, 2]}
+    index = pd.MultiIndex.from_tuples(
+        [("null", str(s)) for s in range(4)] + [("0.1", str(s)) for s in range(3)],
+        names=["clip", "seed"])
+    per_seed = pd.DataFrame({m: np.array(v, float) for m, v in seeds.items()}, index=index)
+    out = compare(per_seed, ["clip"], {"clip": "null"})
+    columns = ["baseline", "n_paired", "n_diff", "diff_mean", "wins", "ties", "diff_ci_low",
+               "diff_ci_high", "losses", "win_rate", "sign_p", "test", "sign_p_holm"]
+    assert list(out.columns) == ["clip", "metric", "better", "n", "mean", "std", "ci_low",
+                                 "ci_high", *columns]
+    one = binomtest(1, 1).pvalue  # one win of one pair
+    low, high = t_interval([1.0, 0.0, -1.0])
+    expected = {  # (n_paired, n_diff, diff_mean, wins, ties, ci low, ci high, losses, win_rate,
+        # sign_p, test); Holm: every p is 1
+        "diverged": (3, 3, 0.0, 1, 1, nan, nan, 1, 1 / 3, binomtest(1, 2).pvalue, "sign"),
+        "final_loss": (1, 1, -1.0, 1, 0, nan, nan, 0, 1.0, one, "sign"),
+        "val_accuracy": (1, 1, 0.1, 1, 0, nan, nan, 0, 1.0, one, "sign"),
+        "grad_norm_mean": (3, 3, 0.0, nan, nan, low, high, nan, nan, nan, "")}
+    rows = out.set_index(["clip", "metric"])
+    for metric, cells in expected.items():
+        got = rows.loc[("0.1", metric), columns]
+        want = ["clip=null", *cells, 1.0 if cells[-1] else nan]
+        assert list(got) == pytest.approx(want, nan_ok=True), (metric, list(got), want)
+        assert rows.loc[("null", metric), columns].isna().all()
