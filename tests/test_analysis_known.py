@@ -153,6 +153,12 @@ def test_max_stable_lr_of_one_seed_per_rate_and_of_a_rate_that_is_no_number(tmp_
         "model": ["a", "b"], "max_stable_lr": ["0.1", "—"]}
     none = max_stable_lr(tidy, ["model"])
     assert none.dtype == float and len(none) == len(tidy) and np.isnan(none).all()
+    # a sweep none of whose rates reads as a number, another key swept: NaN, not a TypeError
+    for model, lr in (("a", "null"), ("b", "fast")):
+        write_run(tmp_path / "no_rate" / model, [f"model={model}", f"optimizer.learning_rate={lr}"],
+                  ending_at(1.0))
+    _, tidy = summarize(load_runs(tmp_path / "no_rate")[0])
+    assert tidy["max_stable_lr"].isna().all() and len(tidy) == 2 * len(tidy["metric"].unique())
 
 
 @pytest.mark.slow
