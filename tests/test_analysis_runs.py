@@ -123,3 +123,67 @@ def test_event_files_every_step_and_the_reasons_a_run_without_metrics_csv_is_ski
     assert reasons.pop("corrupt").startswith("event files unreadable (DecodeError: ")
     assert reasons == {"no_loss": "no metrics.csv, and the event files have no loss/train",
                        "none": "no metrics.csv and no event files"}
+
+
+def test_every_reason_a_run_is_left_out_word_for_word(tmp_path):
+    """load_runs over one folder of broken runs: the reason of each, as summarize prints it,
+    and the order of the folder's runs (job 10 after job 9, names after numbers)."""
+    def run(name, **kwargs):
+        return write_run(tmp_path / name, [f"clip={name}"], ending_at(1.0), **kwargs)
+
+    def write(path, text):
+        path.write_text(text)
+
+    for name in ("10", "9", "ok"):
+        run(name)
+    write(run("no_hydra") / ".hydra" / "overrides.yaml", "[]")
+    for f in (tmp_path / "no_hydra" / ".hydra").iterdir():
+        f.unlink()
+    (tmp_path / "no_hydra" / ".hydra").rmdir()
+    (run("no_overrides") / ".hydra" / "overrides.yaml").unlink()
+    write(run("overrides_not_yaml") / ".hydra" / "overrides.yaml", "[a, b")
+    write(run("overrides_not_a_list") / ".hydra" / "overrides.yaml", "clip: 1")
+    write(run("summary_not_json") / "summary.json", "{not json")
+    write(run("summary_not_an_object") / "summary.json", "[1, 2]")
+    no_summary = run("config_not_a_dict")
+    (no_summary / "summary.json").unlink()
+    write(no_summary / ".hydra" / "config.yaml", "- 1")
+    write(run("empty") / "metrics.csv", " \n")
+    write(run("unfinished") / "metrics.csv", "step,loss/train\n1,2.0\n2,1.")
+    write(run("short_line") / "metrics.csv", "step,loss/train,x\n1,2.0,0\n2,1.0\n3,1.0,0\n")
+    write(run("unparsable") / "metrics.csv", 'step,loss/train\n1,"2.0\n')
+    write(run("no_step") / "metrics.csv", "loss/train,x\n2.0,1\n")
+    write(run("no_columns") / "metrics.csv", "a,b\n2.0,1\n")
+    write(run("no_rows") / "metrics.csv", "step,loss/train\n")
+    write(run("steps_back") / "metrics.csv", "step,loss/train\n2,2.0\n1,1.0\n")
+    write(run("steps_text") / "metrics.csv", "step,loss/train\n1,2.0\nx,1.0\n")
+    run("failed", status="failed", summary={"error": "ValueError: boom"})
+    run("failed_quietly", status="failed")
+    killed = run("killed", status="running")
+    with open(killed / "metrics.csv", "a") as f:
+        f.write("11,0.5")  # a row cut short: dropped, the rest kept
+    runs, skipped = load_runs(tmp_path)
+    assert [r.name for r in runs] == ["9", "10", "failed", "failed_quietly", "killed", "ok"]
+    assert len(runs[4].metrics) == 10 and runs[2].metrics is None
+    reasons = dict(skipped)
+    assert reasons.pop("unparsable").startswith("metrics.csv is corrupt (")
+    assert reasons == {
+        "config_not_a_dict": ".hydra/config.yaml is not a YAML dict",
+        "empty": "metrics.csv is empty",
+        "failed": "failed: ValueError: boom",
+        "failed_quietly": "failed: no error recorded",
+        "no_columns": "metrics.csv has no column step, loss/train",
+        "no_hydra": "no .hydra/ (not a Hydra run directory)",
+        "no_overrides": "no .hydra/overrides.yaml",
+        "no_rows": "metrics.csv has no steps",
+        "no_step": "metrics.csv has no column step",
+        "overrides_not_a_list": ".hydra/overrides.yaml is not a YAML list",
+        "overrides_not_yaml": ".hydra/overrides.yaml is not YAML (ParserError)",
+        "short_line": "metrics.csv is truncated or corrupt (line 3 has 2 fields, the header 3)",
+        "steps_back": "metrics.csv: the step column is not increasing whole numbers",
+        "steps_text": "metrics.csv: the step column is not increasing whole numbers",
+        "summary_not_an_object": "summary.json is not a JSON object",
+        "summary_not_json": "summary.json is not JSON (Expecting property name enclosed in "
+                            "double quotes: line 1 column 2 (char 1))",
+        "unfinished": "metrics.csv is truncated (its last line is unfinished)"}
+    assert list(reasons)[:2] == ["config_not_a_dict", "empty"]  # in the folder's order
