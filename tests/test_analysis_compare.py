@@ -397,3 +397,29 @@ def test_the_paired_comparison_by_hand():
         want = ["clip=null", *cells, 1.0 if cells[-1] else nan]
         assert list(got) == pytest.approx(want, nan_ok=True), (metric, list(got), want)
         assert rows.loc[("null", metric), columns].isna().all()
+
+
+def test_a_group_of_failed_runs_only_keeps_its_rows_and_prints_its_count(tmp_path):
+    """clip=0.1's only run failed: nothing measured, yet the summary has its row for every
+    metric (n 0, the metric's better direction, its counts), and the printed table its line."""
+    from gradexp.analysis.metrics import METRICS
+
+    for seed in range(2):
+        write_run(tmp_path / f"n{seed}", ["clip=null", f"seed={seed}"], ending_at(1.0 + seed))
+    write_run(tmp_path / "f0", ["clip=0.1", "seed=0"], [4.0, 3.0], status="failed",
+              summary={"error": "ValueError: boom"})
+    _, tidy = summarize(load_runs(tmp_path)[0], baseline={"clip": "null"})
+    failed = tidy[tidy["clip"] == "0.1"]
+    assert list(failed["metric"]) == list(METRICS)
+    assert list(failed["better"].fillna("none")) == [d or "none" for d in METRICS.values()]
+    assert failed["n"].dtype == np.int64 and (failed["n"] == 0).all()
+    assert (failed[["runs", "failed", "completed", "diverged", "incomplete"]].to_numpy()
+            == [1, 1, 0, 0, 0]).all()
+    printed = group_table(tidy, ["clip"], {"clip": "null"}).set_index("clip")
+    shown = ["diverged", "final_loss", "val_loss", "loss_spike_rate", "loss_spike_score",
+             "grad_norm_spike_score", "grad_norm_cv", "steps_to_target"]
+    assert list(printed.columns) == ["runs", *(c for m in shown for c in (m, f"Δ {m}")),
+                                     "clip_fraction", "notes"]
+    assert printed.loc["0.1"].to_dict() == {
+        "runs": 1, **{c: "no pair" if c.startswith("Δ") else "—" for c in printed.columns[1:-1]},
+        "notes": "1 failed"}
