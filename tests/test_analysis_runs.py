@@ -10,7 +10,7 @@ from fake_runs import LOSSES, NORMS, VAL, ending_at, write_run
 
 from gradexp.analysis.compare import summarize
 from gradexp.analysis.metrics import Settings, run_metrics
-from gradexp.analysis.runs import load_runs
+from gradexp.analysis.runs import Unreadable, load_runs, read_metrics
 
 
 def test_unreadable_runs_are_skipped_with_a_reason(tmp_path):
@@ -162,9 +162,21 @@ def test_every_reason_a_run_is_left_out_word_for_word(tmp_path):
     killed = run("killed", status="running")
     with open(killed / "metrics.csv", "a") as f:
         f.write("11,0.5")  # a row cut short: dropped, the rest kept
+    # a running run's last line is dropped only when unfinished: no newline, or too few fields
+    whole = run("running", status="running")
+    text = (whole / "metrics.csv").read_text()
+    cut = run("running_cut", status="running")
+    write(cut / "metrics.csv", text + "11,0.5\n")
+    unfinished = run("running_unfinished", status="running")
+    write(unfinished / "metrics.csv", text + text.splitlines()[-1][:-1])  # all fields, no \n
+    latin = run("latin1")  # a byte that is no UTF-8, in a column's name: replaced, not fatal
+    (latin / "metrics.csv").write_bytes(text.replace("learning_rate", "caf\xe9", 1)
+                                        .encode("latin-1"))
     runs, skipped = load_runs(tmp_path)
-    assert [r.name for r in runs] == ["9", "10", "failed", "failed_quietly", "killed", "ok"]
-    assert len(runs[4].metrics) == 10 and runs[2].metrics is None
+    assert [r.name for r in runs] == ["9", "10", "failed", "failed_quietly", "killed", "latin1",
+                                      "ok", "running", "running_cut", "running_unfinished"]
+    assert [len(r.metrics) for r in runs if r.metrics is not None] == [10] * 8
+    assert runs[2].metrics is None and "caf\ufffd" in runs[5].metrics.columns
     reasons = dict(skipped)
     assert reasons.pop("unparsable").startswith("metrics.csv is corrupt (")
     assert reasons == {
@@ -187,3 +199,6 @@ def test_every_reason_a_run_is_left_out_word_for_word(tmp_path):
                             "double quotes: line 1 column 2 (char 1))",
         "unfinished": "metrics.csv is truncated (its last line is unfinished)"}
     assert list(reasons)[:2] == ["config_not_a_dict", "empty"]  # in the folder's order
+    with pytest.raises(Unreadable, match=r"^metrics.csv is truncated \(its last line"):
+        read_metrics(tmp_path / "unfinished" / "metrics.csv")  # refused unless asked to drop it
+    assert len(read_metrics(tmp_path / "unfinished" / "metrics.csv", partial_last_row=True)) == 1
