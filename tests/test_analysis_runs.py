@@ -202,3 +202,19 @@ def test_every_reason_a_run_is_left_out_word_for_word(tmp_path):
     with pytest.raises(Unreadable, match=r"^metrics.csv is truncated \(its last line"):
         read_metrics(tmp_path / "unfinished" / "metrics.csv")  # refused unless asked to drop it
     assert len(read_metrics(tmp_path / "unfinished" / "metrics.csv", partial_last_row=True)) == 1
+
+
+def test_metrics_csv_reads_back_float32_values_and_exact_steps(tmp_path):
+    """The trainer writes float32 values in nine digits: read back as float32 they are its own
+    numbers (0.1 is float32's 0.100000001490116…, not float64's 0.1). Steps stay whole numbers,
+    exact past float32's 2^24 (a long or resumed run)."""
+    import numpy as np
+
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,loss/train,grad_norm/global\n"
+                    "16777217,0.1,3\n16777218,0.2,2\n16777219,0.3,1\n")
+    table = read_metrics(path)
+    assert list(table["step"]) == [16777217, 16777218, 16777219]
+    assert table["step"].dtype == np.int64
+    assert list(table["loss/train"]) == [float(np.float32(x)) for x in (0.1, 0.2, 0.3)]
+    assert table["loss/train"].dtype == np.float64 and list(table["grad_norm/global"]) == [3, 2, 1]
