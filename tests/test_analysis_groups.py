@@ -64,3 +64,21 @@ def test_a_preset_that_changes_the_config_stays_a_key(tmp_path):
     two_sweeps(tmp_path, method_runs={"config": {"model": {"width": 32}}})
     runs, _ = load_runs(tmp_path)
     assert grouping_keys(runs) == ["clip", "experiment", "clipping"]
+
+
+def test_keys_named_like_pandas_own_columns(tmp_path):
+    """A sweep of keys `index` and `level_0` (the names pandas gives an index it turns into a
+    column): grouped and compared like any other. Final losses 1 + seed + i for the i-th group:
+    index=2 is 1 above index=1 at both seeds, at each level_0."""
+    settings = [("1", "x"), ("2", "x"), ("1", "y"), ("2", "y")]
+    for i, (index, level) in enumerate(settings):
+        for seed in range(2):
+            write_run(tmp_path / f"{i}_{seed}", [f"index={index}", f"level_0={level}",
+                                                 f"seed={seed}"], ending_at(1.0 + seed + i))
+    _, tidy = summarize(load_runs(tmp_path)[0], baseline={"index": "1"})
+    final = tidy[tidy["metric"] == "final_loss"].set_index("group")
+    assert list(final.index) == ["index=1 level_0=x", "index=1 level_0=y",
+                                 "index=2 level_0=x", "index=2 level_0=y"]
+    assert list(final["baseline"].iloc[2:]) == ["index=1 level_0=x", "index=1 level_0=y"]
+    assert list(final["diff_mean"].iloc[2:]) == [1.0, 1.0]
+    assert list(final["losses"].iloc[2:]) == [2, 2]

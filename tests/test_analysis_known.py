@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from fake_runs import ending_at, write_run
 
 from gradexp import summarize as S
-from gradexp.analysis.compare import SUMMARY_COLUMNS, summarize
+from gradexp.analysis.compare import SUMMARY_COLUMNS, max_stable_lr, summarize
 from gradexp.analysis.metrics import run_metrics
 from gradexp.analysis.reports import group_table, max_stable_table
 from gradexp.analysis.runs import load_runs
@@ -132,6 +133,32 @@ def test_max_stable_lr(tmp_path):
     shown = max_stable_table(tidy, keys, {})
     assert shown.to_dict("list") == {"model": ["a", "b", "c", "d", "e"],
                                      "max_stable_lr": ["0.1", "1", "—", "0.01", "10"]}
+
+
+def test_max_stable_lr_of_one_seed_per_rate_and_of_a_rate_that_is_no_number(tmp_path):
+    """One seed per rate: model a is stable at 0.01 and 0.1 and diverges at 1 → 0.1. Model b
+    was run at `optimizer.learning_rate=null` only: no rate, so no max_stable_lr (and no error).
+    Without the learning rate among the keys every row's is NaN."""
+    for model, lr, losses in (("a", "0.01", ending_at(1.0)), ("a", "0.1", ending_at(1.0)),
+                              ("a", "1", [2.0, 1.0, NaN]), ("b", "null", ending_at(1.0))):
+        write_run(tmp_path / f"{model}_{lr}", [f"model={model}", f"optimizer.learning_rate={lr}"],
+                  losses)
+    _, tidy = summarize(load_runs(tmp_path)[0])
+    keys = ["model", "optimizer.learning_rate"]
+    per_group = tidy.groupby(keys, sort=False)["max_stable_lr"].agg(["first", "nunique"])
+    assert per_group["first"].to_dict() == pytest.approx(
+        {("a", "0.01"): 0.1, ("a", "0.1"): 0.1, ("a", "1"): 0.1, ("b", "null"): NaN}, nan_ok=True)
+    assert (per_group["nunique"] <= 1).all()
+    assert max_stable_table(tidy, keys, {}).to_dict("list") == {
+        "model": ["a", "b"], "max_stable_lr": ["0.1", "—"]}
+    none = max_stable_lr(tidy, ["model"])
+    assert none.dtype == float and len(none) == len(tidy) and np.isnan(none).all()
+    # a sweep none of whose rates reads as a number, another key swept: NaN, not a TypeError
+    for model, lr in (("a", "null"), ("b", "fast")):
+        write_run(tmp_path / "no_rate" / model, [f"model={model}", f"optimizer.learning_rate={lr}"],
+                  ending_at(1.0))
+    _, tidy = summarize(load_runs(tmp_path / "no_rate")[0])
+    assert tidy["max_stable_lr"].isna().all() and len(tidy) == 2 * len(tidy["metric"].unique())
 
 
 @pytest.mark.slow

@@ -331,7 +331,7 @@ def max_stable_lr(tidy: pd.DataFrame, keys: list[str]) -> np.ndarray:
         below = len(ordered) if not unstable.any() else int(np.argmax(unstable))
         return float(ordered["lr"].iloc[below - 1]) if below else math.nan
 
-    if not others:
+    if not others or rates.empty:  # (no swept rate that reads as a number: NaN)
         return np.full(len(tidy), largest_stable(rates))
     per_setting = rates.groupby(others, sort=False)[["lr", "stable"]].apply(largest_stable)
     found = tidy[others].merge(per_setting.rename("max_stable_lr").reset_index(), on=others,
