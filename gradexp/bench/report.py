@@ -45,7 +45,7 @@ RATIOS: dict[str, tuple[tuple[str, float] | None, str]] = {
 
 METHOD = """\
 What gradexp costs over the model's own arithmetic, as ratios (`python -m gradexp.bench`; the
-code: gradexp/bench.py, gradexp/bench/sweeps.py, gradexp/bench/rounds.py). Every comparison runs in
+code: gradexp/bench/: run.py, sweeps.py, rounds.py). Every comparison runs in
 one process, side by side: the variants take turns in rounds, each round in the other order
 than the last, and each ratio is computed round by round and given as its median with the
 smallest and largest round's. gradexp's steps/s are a run's own figure (`steps_per_s` in

@@ -1,5 +1,5 @@
 """Measurements taken side by side, in rounds: the benches' way to a figure that can be trusted
-on a shared, noisy machine (gradexp/bench.py, gradexp/bench/sweeps.py).
+on a shared, noisy machine (gradexp/bench/run.py, gradexp/bench/sweeps.py).
 
 In every round each variant takes its turn, so a busy moment slows all of them alike; a ratio
 is computed round by round, from the two variants' measurements of that round, and reported as
