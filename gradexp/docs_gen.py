@@ -297,7 +297,8 @@ def layout_page() -> str:
 def mutation_page(path: Path) -> str:
     """The mutation scores `python tests/mutation.py --record` wrote into `path`: a row per
     module, a group's score killed / (tested − equivalent) over its modules, against its target
-    (95 % for the core groups, 90 % past them)."""
+    (95 % for the core groups, 90 % past them); the mutants a stopped run left untested are
+    counted apart, out of the score."""
     groups = json.loads(path.read_text()) if path.exists() else {}
     lines = [HEADER, "", "# Mutation scores", "",
              "How many of mutmut's small edits of each module the tests catch (`python "
@@ -306,8 +307,9 @@ def mutation_page(path: Path) -> str:
              "are listed in tests/mutation_equivalents.md. Each group as last measured, at the "
              "commit and day shown; a group not listed has not been measured since the runner "
              "recorded scores.", "",
-             "| group | module | mutants | killed | not killed | equivalent | score | target "
-             "| measured at |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| group | module | mutants | untested | killed | not killed | equivalent | score "
+             "| target | measured at |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for group, entry in groups.items():
         mods = entry["modules"]
         killed = sum(m["killed"] + m["in_subprocess"] for m in mods)
@@ -317,10 +319,13 @@ def mutation_page(path: Path) -> str:
         for m in mods:
             own = (m["killed"] + m["in_subprocess"]) / m["scored"] if m["scored"] else float("nan")
             lines.append(f"| {group} | `{m['module']}` | {m['total']} | "
+                         f"{m.get('not checked', 0)} | "
                          f"{m['killed'] + m['in_subprocess']} | "
                          f"{m['scored'] - m['killed'] - m['in_subprocess']} | {m['equivalent']} "
                          f"| {own:.1%} | | |")
-        lines.append(f"| **{group}** | all | {sum(m['total'] for m in mods)} | {killed} | "
+        untested = sum(m.get("not checked", 0) for m in mods)
+        lines.append(f"| **{group}** | all | {sum(m['total'] for m in mods)} | {untested} | "
+                     f"{killed} | "
                      f"{scored - killed} | {sum(m['equivalent'] for m in mods)} | "
                      f"**{score:.1%}** | {entry['target']:.0%}: {met} | "
                      f"{entry['commit']}, {entry['day']} |")

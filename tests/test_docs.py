@@ -234,28 +234,30 @@ def test_the_readme_is_short_and_undated():
 
 def test_the_mutation_page_scores_each_group_against_its_target(tmp_path):
     """A group's score is killed (in a subprocess included) / (tested − equivalent) over its
-    modules, each module's too, marked against the group's own target."""
+    modules, each module's too, marked against the group's own target; the mutants a stopped
+    run left untested are shown apart and kept out of the score."""
     from gradexp.docs_gen import mutation_page
 
-    def module(name, total, killed, equivalent, in_subprocess=0):
-        scored = total - equivalent
+    def module(name, total, killed, equivalent, in_subprocess=0, untested=0):
+        scored = total - equivalent - untested  # as tests/mutation.py counts
         return {"module": name, "total": total, "killed": killed, "equivalent": equivalent,
-                "in_subprocess": in_subprocess, "scored": scored}
+                "in_subprocess": in_subprocess, "scored": scored, "not checked": untested}
 
     (tmp_path / "m.json").write_text(json.dumps({
         "core": {"commit": "abc1234", "day": "2026-12-05", "target": 0.95,
                  "modules": [module("a.py", 100, 90, 4, in_subprocess=2),   # 92/96
                              module("b.py", 10, 10, 0)]},                   # 10/10
         "past": {"commit": "def5678", "day": "2026-12-04", "target": 0.90,
-                 "modules": [module("c.py", 20, 18, 0)]}}))                 # 18/20
+                 "modules": [module("c.py", 20, 13, 0, untested=5)]}}))     # 13/15
     rows = [line for line in mutation_page(tmp_path / "m.json").splitlines()
             if line.startswith("| ") and "---" not in line][1:]
     assert rows == [
-        "| core | `a.py` | 100 | 92 | 4 | 4 | 95.8% | | |",
-        "| core | `b.py` | 10 | 10 | 0 | 0 | 100.0% | | |",
-        "| **core** | all | 110 | 102 | 4 | 4 | **96.2%** | 95%: met | abc1234, 2026-12-05 |",
-        "| past | `c.py` | 20 | 18 | 2 | 0 | 90.0% | | |",
-        "| **past** | all | 20 | 18 | 2 | 0 | **90.0%** | 90%: met | def5678, 2026-12-04 |"]
+        "| core | `a.py` | 100 | 0 | 92 | 4 | 4 | 95.8% | | |",
+        "| core | `b.py` | 10 | 0 | 10 | 0 | 0 | 100.0% | | |",
+        "| **core** | all | 110 | 0 | 102 | 4 | 4 | **96.2%** | 95%: met | abc1234, 2026-12-05 |",
+        "| past | `c.py` | 20 | 5 | 13 | 2 | 0 | 86.7% | | |",
+        "| **past** | all | 20 | 5 | 13 | 2 | 0 | **86.7%** | 90%: **not met** | def5678, "
+        "2026-12-04 |"]
     (tmp_path / "m.json").write_text(json.dumps({"low": {
         "commit": "0", "day": "d", "target": 0.9, "modules": [module("d.py", 10, 8, 0)]}}))
-    assert "| 90%: **not met** |" in mutation_page(tmp_path / "m.json")
+    assert "| 90%: **not met** |" in mutation_page(tmp_path / "m.json")  # 8/10
