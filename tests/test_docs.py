@@ -256,8 +256,12 @@ def test_the_mutation_page_scores_each_group_against_its_target(tmp_path):
         "| core | `b.py` | 10 | 0 | 10 | 0 | 0 | 100.0% | | |",
         "| **core** | all | 110 | 0 | 102 | 4 | 4 | **96.2%** | 95%: met | abc1234, 2026-12-05 |",
         "| past | `c.py` | 20 | 5 | 13 | 2 | 0 | 86.7% | | |",
-        "| **past** | all | 20 | 5 | 13 | 2 | 0 | **86.7%** | 90%: **not met** | def5678, "
-        "2026-12-04 |"]
+        "| **past** | all | 20 | 5 | 13 | 2 | 0 | **86.7%** | 90%: not shown (5 untested) | "
+        "def5678, 2026-12-04 |"]
     (tmp_path / "m.json").write_text(json.dumps({"low": {
         "commit": "0", "day": "d", "target": 0.9, "modules": [module("d.py", 10, 8, 0)]}}))
     assert "| 90%: **not met** |" in mutation_page(tmp_path / "m.json")  # 8/10
+    (tmp_path / "m.json").write_text(json.dumps({"partial": {  # 9/9 tested, one not: not shown
+        "commit": "0", "day": "d", "target": 0.9,
+        "modules": [module("e.py", 10, 9, 0, untested=1)]}}))
+    assert "| 90%: not shown (1 untested) |" in mutation_page(tmp_path / "m.json")
