@@ -138,6 +138,7 @@ GROUPS = {
               "tests/test_devices.py"
               "::test_mixed_precision_trains_and_logs_finite_norms[mixed_float16]",
               "tests/test_devices.py::test_mixed_float16_layer_statistics_are_in_true_units",
+              "tests/test_devices.py::test_the_loss_scale_a_step_uses_is_its_state_within_a_call",
               "tests/test_robustness.py::test_a_diverging_run_stops_at_its_step_and_is_a_result",
               "tests/test_robustness.py::test_on_divergence_continue_skips_non_finite_updates"]),
     # past the core: the trainer, its run directory, logs, data, models, the analysis, the

@@ -55,6 +55,26 @@ def test_mixed_float16_layer_statistics_are_in_true_units(make_cfg, tmp_path):
         fraction = f"clip_fraction/{layer}"
         assert abs(mixed[fraction] - full[fraction]) < 0.05, layer
 
+def test_the_loss_scale_a_step_uses_is_its_state_within_a_call(make_cfg, tmp_path):
+    """mixed_float16's dynamic loss scale halves at every skipped step: the first steps of the
+    default MLP overflow float16 at 2^15. A call of 20 steps carries the scale as a value, so
+    each step scales its loss by the scale its state holds (not the variable's value at the
+    call's start): its every-step columns are those of the same run trained one step a call."""
+    tables = {}
+    for every in (1, 20):
+        run_dir = tmp_path / str(every)
+        run_dir.mkdir()
+        train(make_cfg(*SHORT, "precision=mixed_float16", f"trainer.log_every={every}",
+                       "trainer.jit_compile=false"), run_dir)
+        tables[every] = pd.read_csv(run_dir / "metrics.csv")
+    one, twenty = tables[1], tables[20]
+    scales = twenty["loss_scale"].iloc[:20]
+    assert scales.iloc[0] == 2.0**15 and scales.nunique() > 1  # it changed inside the call
+    assert (twenty["skipped"].iloc[:20] == 0).any()  # and later steps trained at the new scale
+    for column in ("loss/train", "grad_norm/global", "loss_scale", "skipped"):
+        np.testing.assert_array_equal(one[column], twenty[column], err_msg=column)
+
+
 def test_xla_compiled_step_matches_the_plain_one(make_cfg, tmp_path):
     plain, xla = tmp_path / "plain", tmp_path / "xla"
     for run_dir, jit in ((plain, "false"), (xla, "true")):
