@@ -207,26 +207,34 @@ timeout_constant = 20.0
 
 def prepare(group: str) -> Path:
     """A fresh scratch copy of the checkout for `group`, its pyproject.toml configuring mutmut."""
-    modules, tests = GROUPS[group]
     work = REPO / ".mutmut" / group
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-    for name in ("gradexp", "tests", "conf", "hydra_plugins"):
-        shutil.copytree(REPO / name, work / name, ignore=ignore)
-    tests = [t for t in tests if (REPO / t.split("::")[0]).exists()]  # files or test ids
-    pyproject = (REPO / "pyproject.toml").read_text() + mutmut_section(modules, tests)
-    (work / "pyproject.toml").write_text(pyproject)
-    return work
+    copy(work, "gradexp", "tests", "conf", "hydra_plugins")
+    return configure(group, work)
 
 
 def refresh(group: str) -> Path:
-    """The group's scratch copy as it is, its tests (and conf) replaced by the checkout's."""
+    """The group's scratch copy as it is, its tests, conf and test selection the checkout's
+    (a test added to the group since its last run: mutmut collects which functions it reaches)."""
     work = REPO / ".mutmut" / group
+    copy(work, "tests", "conf")
+    return configure(group, work)
+
+
+def copy(work: Path, *names: str) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-    for name in ("tests", "conf"):
+    for name in names:
         shutil.copytree(REPO / name, work / name, ignore=ignore, dirs_exist_ok=True)
+
+
+def configure(group: str, work: Path) -> Path:
+    """The checkout's pyproject.toml with the group's `[tool.mutmut]` section, into `work`."""
+    modules, tests = GROUPS[group]
+    tests = [t for t in tests if (REPO / t.split("::")[0]).exists()]  # files or test ids
+    pyproject = (REPO / "pyproject.toml").read_text() + mutmut_section(modules, tests)
+    (work / "pyproject.toml").write_text(pyproject)
     return work
 
 
