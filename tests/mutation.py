@@ -121,7 +121,8 @@ GROUPS = {
               *(f"tests/test_user_model.py::test_{name}" for name in (
                   "any_keras_optimizer_by_name_with_its_arguments",
                   "a_keras_loss_by_name_or_path_and_one_loss_per_example",
-                  "the_step_trains_on_the_configured_loss")),
+                  "the_step_trains_on_the_configured_loss",
+                  "the_step_trains_in_training_mode_and_evaluates_in_inference_mode")),
               *(f"tests/test_keras_fit.py::test_{name}" for name in (
                   "a_fit_step_logs_what_gradexp_own_step_measures_on_the_same_weights_and_batch",
                   "a_clip_layer_inside_the_recurrence_adds_up_over_the_time_steps",

@@ -46,6 +46,12 @@ USER_MODELS = textwrap.dedent('''
     def subclassed(input_shape, num_outputs):
         return Subclassed(num_outputs)
 
+    def dropout(input_shape, num_outputs):
+        inputs = keras.Input(input_shape)
+        x = keras.layers.Dense(16, activation="relu", name="dense_a")(inputs)
+        x = keras.layers.Dropout(0.5, seed=0, name="drop")(x)
+        return keras.Model(inputs, keras.layers.Dense(num_outputs, name="out")(x))
+
     def not_a_model(input_shape, num_outputs):
         return "a string"
 
@@ -243,3 +249,25 @@ def test_the_step_trains_on_the_configured_loss(user_dir, make_cfg):
     with pytest.raises(config.ConfigError, match=r"^model.loss=scalar_loss:total: must give "
                                                  r"one loss per example"):
         make_step(make_cfg(*base, "model.loss=scalar_loss:total"), arrays)
+
+
+def test_the_step_trains_in_training_mode_and_evaluates_in_inference_mode(user_dir, make_cfg):
+    """A Dropout layer of the user's model drops units in the step's forward pass and none in
+    its evaluation: on the same weights and examples, the step's mean loss is not the
+    evaluation's, and the evaluation's is the model's own in inference mode."""
+    from gradexp.parts import data
+    from gradexp.training.step import State, make_step
+
+    cfg = make_cfg("model=keras", "model.build=my_models:dropout", "dataset=teacher")
+    arrays = data.load(cfg.dataset)
+    step = make_step(cfg, arrays)
+    x_val, y_val = data.validation_set(arrays)
+    x, y = x_val[:64], y_val[:64]
+    state = State([tf.convert_to_tensor(v) for v in step.model.variables],
+                  [tf.convert_to_tensor(v) for v in step.optimizer.variables],
+                  step.initial_carry())
+    evaluated = float(step.evaluate(state.model, x, y)["loss/val"])
+    inference = float(np.mean((step.model(x, training=False)[:, 0] - y) ** 2))
+    assert evaluated == pytest.approx(inference, rel=1e-5)
+    trained = float(step.backward(state, x, y).loss_sum) / len(x)
+    assert abs(trained - inference) > 0.01 * inference
