@@ -135,6 +135,7 @@ GROUPS = {
                   "the_error_rate_counts_sequences_whose_squared_error_exceeds_the_threshold",
                   "the_step_refuses_a_model_that_cannot_take_the_datasets_examples",
                   "the_pure_step_is_the_engines_compiled_step",
+                  "the_evaluation_is_the_models_mean_loss_and_accuracy_by_hand",
                   "the_step_is_xla_compiled_as_trainer_jit_compile_says")),
               "tests/test_devices.py"
               "::test_mixed_precision_trains_and_logs_finite_norms[mixed_float16]",

@@ -277,6 +277,36 @@ def test_the_pure_step_is_the_engines_compiled_step(make_cfg, tmp_path):
                                    err_msg=name)
     for v, value in zip(variables, values, strict=True):
         np.testing.assert_allclose(value, v.numpy(), rtol=1e-5, atol=1e-7)
+    telemetry = [run.step.names.index(name) for name in run.step.telemetry]
+    assert telemetry and np.isnan(rows[0][telemetry]).all()  # measured only when asked
+    assert np.isfinite(rows[1][telemetry]).all()
+
+
+def test_the_evaluation_is_the_models_mean_loss_and_accuracy_by_hand(make_cfg, monkeypatch):
+    """Step.evaluate over the validation set in batches (of 300 here, the last one shorter):
+    the mean cross-entropy and the share of examples whose largest logit is their class, as
+    NumPy computes them from the model's outputs on the whole set."""
+    from gradexp._tf import tf
+    from gradexp.parts import data
+    from gradexp.training import step as step_module
+    from gradexp.training.step import make_step
+
+    monkeypatch.setattr(step_module, "VAL_BATCH", 300)
+
+    cfg = make_cfg("model.width=8")
+    arrays = data.load(cfg.dataset)
+    step = make_step(cfg, arrays)
+    x_val, y_val = data.validation_set(arrays)
+    assert len(x_val) % 300 and len(x_val) > 600  # batches of 300 and a shorter last one
+    measured = step.evaluate([tf.convert_to_tensor(v) for v in step.model.variables],
+                             x_val, y_val)
+    logits = np.asarray(step.model(x_val, training=False), dtype=np.float64)
+    y = np.asarray(y_val)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    cross_entropy = np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(len(y)), y]
+    assert float(measured["loss/val"]) == pytest.approx(cross_entropy.mean(), rel=1e-5)
+    assert float(measured["accuracy/val"]) == pytest.approx(np.mean(logits.argmax(1) == y),
+                                                            abs=1e-7)
 
 
 def test_gradient_histograms_are_tensorboards_own_buckets():
