@@ -136,6 +136,7 @@ GROUPS = {
                   "the_step_refuses_a_model_that_cannot_take_the_datasets_examples",
                   "the_pure_step_is_the_engines_compiled_step",
                   "the_evaluation_is_the_models_mean_loss_and_accuracy_by_hand",
+                  "the_evaluations_error_rate_counts_every_batch_by_hand",
                   "the_step_is_xla_compiled_as_trainer_jit_compile_says")),
               "tests/test_devices.py"
               "::test_mixed_precision_trains_and_logs_finite_norms[mixed_float16]",

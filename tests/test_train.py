@@ -309,6 +309,32 @@ def test_the_evaluation_is_the_models_mean_loss_and_accuracy_by_hand(make_cfg, m
                                                             abs=1e-7)
 
 
+
+def test_the_evaluations_error_rate_counts_every_batch_by_hand(make_cfg, monkeypatch):
+    """A regression dataset with dataset.error_threshold: the evaluation's mean squared error
+    and its error rate #{squared error > threshold} / n, over batches of 300, are NumPy's on
+    the model's outputs for the whole set."""
+    from gradexp._tf import tf
+    from gradexp.parts import data
+    from gradexp.training import step as step_module
+    from gradexp.training.step import make_step
+
+    monkeypatch.setattr(step_module, "VAL_BATCH", 300)
+    cfg = make_cfg("model=rnn", "model.units=4", "dataset=adding", "dataset.length=10",
+                   "+dataset.error_threshold=0.04")
+    arrays = data.load(cfg.dataset)
+    step = make_step(cfg, arrays)
+    x_val, y_val = data.validation_set(arrays)
+    assert len(x_val) % 300 and len(x_val) > 600  # batches of 300 and a shorter last one
+    measured = step.evaluate([tf.convert_to_tensor(v) for v in step.model.variables],
+                             x_val, y_val)
+    squared = (np.asarray(step.model(x_val, training=False), np.float64)[:, 0]
+               - np.asarray(y_val)) ** 2
+    errors = np.mean(squared > 0.04)
+    assert 0 < errors < 1  # a rate that every batch adds to
+    assert float(measured["loss/val"]) == pytest.approx(squared.mean(), rel=1e-5)
+    assert float(measured["error_rate/val"]) == pytest.approx(errors, abs=1e-7)
+
 def test_gradient_histograms_are_tensorboards_own_buckets():
     """gradexp.training.logs.histogram_pb counts with np.bincount what TensorBoard's histogram_pb
     counts with a one-hot matrix: the same proto, byte for byte, special cases included."""
