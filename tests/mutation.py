@@ -218,12 +218,14 @@ def prepare(group: str) -> Path:
     return configure(group, work)
 
 
-def refresh(group: str) -> Path:
-    """The group's scratch copy as it is, its tests, conf and test selection the checkout's
-    (a test added to the group since its last run: mutmut collects which functions it reaches)."""
+def refresh(group: str) -> tuple[Path, bool]:
+    """The group's scratch copy as it is, its tests, conf and test selection the checkout's;
+    whether the selection changed (a test added to the group: mutmut then forgets every
+    verdict, and every mutant must be tested again)."""
     work = REPO / ".mutmut" / group
+    before = (work / "pyproject.toml").read_text()
     copy(work, "tests", "conf")
-    return configure(group, work)
+    return configure(group, work), (work / "pyproject.toml").read_text() != before
 
 
 def copy(work: Path, *names: str) -> None:
@@ -351,7 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     everything = []
     for group in args.groups or list(GROUPS):
         again = args.survivors and (REPO / ".mutmut" / group / "mutants").exists()
-        work = refresh(group) if again else prepare(group)
+        work, selection_changed = refresh(group) if again else (prepare(group), False)
+        if selection_changed:
+            print(f"{group}: its tests changed since its last run: every mutant is tested again")
+            again = False
         # the listed equivalents survive every run: testing them again only costs time
         listed = {**equivalents(), **equivalents("elsewhere")}
         names = [n for n in not_killed(work) if n not in listed] if again else []
