@@ -258,6 +258,7 @@ def test_the_step_trains_in_training_mode_and_evaluates_in_inference_mode(user_d
     from gradexp.parts import data
     from gradexp.training.step import State, make_step
 
+    keras.utils.set_random_seed(0)  # the weights, whatever ran before
     cfg = make_cfg("model=keras", "model.build=my_models:dropout", "dataset=teacher")
     arrays = data.load(cfg.dataset)
     step = make_step(cfg, arrays)
