@@ -364,7 +364,10 @@ def main(argv: list[str] | None = None) -> int:
             if again:
                 names = [n for n in names if any(fnmatch(n, p) for p in args.only)]
                 if not names:  # every matching mutant is killed or equivalent: nothing to run
-                    everything += summarize(group, work, 0.0)
+                    rows = summarize(group, work, 0.0)
+                    everything += rows
+                    if args.record:
+                        record(group, rows)
                     continue
             else:
                 names = list(args.only)
