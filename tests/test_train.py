@@ -282,10 +282,9 @@ def test_the_pure_step_is_the_engines_compiled_step(make_cfg, tmp_path):
     assert np.isfinite(rows[1][telemetry]).all()
 
 
-def test_the_evaluation_is_the_models_mean_loss_and_accuracy_by_hand(make_cfg, monkeypatch):
-    """Step.evaluate over the validation set in batches (of 300 here, the last one shorter):
-    the mean cross-entropy and the share of examples whose largest logit is their class, as
-    NumPy computes them from the model's outputs on the whole set."""
+def evaluated_in_batches_of_300(make_cfg, monkeypatch, *overrides):
+    """Step.evaluate of a seeded model over the validation set in batches of 300, the last one
+    shorter; (its figures, the model's outputs on the whole set in float64, the targets)."""
     from gradexp._tf import keras, tf
     from gradexp.parts import data
     from gradexp.training import step as step_module
@@ -293,48 +292,39 @@ def test_the_evaluation_is_the_models_mean_loss_and_accuracy_by_hand(make_cfg, m
 
     monkeypatch.setattr(step_module, "VAL_BATCH", 300)
     keras.utils.set_random_seed(0)  # the weights, whatever ran before
-    cfg = make_cfg("model.width=8")
+    cfg = make_cfg(*overrides)
     arrays = data.load(cfg.dataset)
     step = make_step(cfg, arrays)
     x_val, y_val = data.validation_set(arrays)
     assert len(x_val) % 300 and len(x_val) > 600  # batches of 300 and a shorter last one
     measured = step.evaluate([tf.convert_to_tensor(v) for v in step.model.variables],
                              x_val, y_val)
-    logits = np.asarray(step.model(x_val, training=False), dtype=np.float64)
-    y = np.asarray(y_val)
+    outputs = np.asarray(step.model(x_val, training=False), dtype=np.float64)
+    return {k: float(v) for k, v in measured.items()}, outputs, np.asarray(y_val)
+
+
+def test_the_evaluation_is_the_models_mean_loss_and_accuracy_by_hand(make_cfg, monkeypatch):
+    """The evaluation's mean cross-entropy and the share of examples whose largest logit is
+    their class, as NumPy computes them from the model's outputs on the whole set."""
+    measured, logits, y = evaluated_in_batches_of_300(make_cfg, monkeypatch, "model.width=8")
     shifted = logits - logits.max(axis=1, keepdims=True)
     cross_entropy = np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(len(y)), y]
-    assert float(measured["loss/val"]) == pytest.approx(cross_entropy.mean(), rel=1e-5)
-    assert float(measured["accuracy/val"]) == pytest.approx(np.mean(logits.argmax(1) == y),
-                                                            abs=1e-7)
-
+    assert measured["loss/val"] == pytest.approx(cross_entropy.mean(), rel=1e-5)
+    assert measured["accuracy/val"] == pytest.approx(np.mean(logits.argmax(1) == y), abs=1e-7)
 
 
 def test_the_evaluations_error_rate_counts_every_batch_by_hand(make_cfg, monkeypatch):
     """A regression dataset with dataset.error_threshold: the evaluation's mean squared error
-    and its error rate #{squared error > threshold} / n, over batches of 300, are NumPy's on
-    the model's outputs for the whole set."""
-    from gradexp._tf import keras, tf
-    from gradexp.parts import data
-    from gradexp.training import step as step_module
-    from gradexp.training.step import make_step
-
-    monkeypatch.setattr(step_module, "VAL_BATCH", 300)
-    keras.utils.set_random_seed(0)  # the weights (the error count), whatever ran before
-    cfg = make_cfg("model=rnn", "model.units=4", "dataset=adding", "dataset.length=10",
-                   "+dataset.error_threshold=0.04")
-    arrays = data.load(cfg.dataset)
-    step = make_step(cfg, arrays)
-    x_val, y_val = data.validation_set(arrays)
-    assert len(x_val) % 300 and len(x_val) > 600  # batches of 300 and a shorter last one
-    measured = step.evaluate([tf.convert_to_tensor(v) for v in step.model.variables],
-                             x_val, y_val)
-    squared = (np.asarray(step.model(x_val, training=False), np.float64)[:, 0]
-               - np.asarray(y_val)) ** 2
+    and its error rate #{squared error > threshold} / n are NumPy's on the model's outputs."""
+    measured, outputs, y = evaluated_in_batches_of_300(
+        make_cfg, monkeypatch, "model=rnn", "model.units=4", "dataset=adding",
+        "dataset.length=10", "+dataset.error_threshold=0.04")
+    squared = (outputs[:, 0] - y) ** 2
     errors = np.mean(squared > 0.04)
     assert errors > 0  # a count the batches add to
-    assert float(measured["loss/val"]) == pytest.approx(squared.mean(), rel=1e-5)
-    assert float(measured["error_rate/val"]) == pytest.approx(errors, abs=1e-7)
+    assert measured["loss/val"] == pytest.approx(squared.mean(), rel=1e-5)
+    assert measured["error_rate/val"] == pytest.approx(errors, abs=1e-7)
+
 
 def test_gradient_histograms_are_tensorboards_own_buckets():
     """gradexp.training.logs.histogram_pb counts with np.bincount what TensorBoard's histogram_pb
