@@ -362,13 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in not_killed(work) if n not in listed] if again else []
         if args.only:
             if again:
+                # none left (every match killed or equivalent): nothing runs, the counts stand
                 names = [n for n in names if any(fnmatch(n, p) for p in args.only)]
-                if not names:  # every matching mutant is killed or equivalent: nothing to run
-                    rows = summarize(group, work, 0.0)
-                    everything += rows
-                    if args.record:
-                        record(group, rows)
-                    continue
             else:
                 names = list(args.only)
         start = time.monotonic()
