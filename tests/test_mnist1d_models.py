@@ -81,3 +81,31 @@ def test_shuffled_data_permute_every_sequence_alike(paper_data):
     np.testing.assert_array_equal(s_val_y, y_val)
     other = paper_data.mnist1d(shuffle=True, permutation_seed=1)[0][0]
     assert not np.array_equal(other, s_train)
+
+
+def test_the_paper_codes_runs_are_read_from_a_notebooks_printed_lines(monkeypatch):
+    """paper_notebook.printed on a notebook written the way the paper's are: a cell training
+    on `data` then one on `data_shuff`, each printing "Initialized <Model> model" and a line
+    per 1,000 steps; the shuffled cell's rows are the shuffled data, each model its own rows."""
+    monkeypatch.syspath_prepend(str(REPO / "experiments" / "mnist1d"))
+    monkeypatch.delitem(sys.modules, "paper_notebook", raising=False)
+    import paper_notebook
+
+    def lines(model, *accuracies):
+        return [f"Initialized {model} model with 410 parameters\n"] + [
+            f"step {1000 * (i + 1)}, dt 0.57s, train_loss 1.5e+00, test_loss 1.6e+00, "
+            f"train_acc 37.0, test_acc {a}\n" for i, a in enumerate(accuracies)]
+
+    notebook = {"cells": [
+        {"cell_type": "markdown", "source": ["# data_shuff in prose, no outputs"]},
+        {"cell_type": "code", "source": ["results = train_model(data, model, args)"],
+         "outputs": [{"text": lines("ConvBase", 90.7, 92.5) + ["\n"]
+                      + lines("LinearBase", 32.4)}]},
+        {"cell_type": "code", "source": ["train_model(data_shuff, model, args)"],
+         "outputs": [{"text": lines("GRUBase", 56.8, 53.3)}]}]}
+    assert paper_notebook.printed(notebook) == [
+        {"model": "cnn", "data": "regular", "step": 1000, "test_accuracy": 90.7},
+        {"model": "cnn", "data": "regular", "step": 2000, "test_accuracy": 92.5},
+        {"model": "logistic", "data": "regular", "step": 1000, "test_accuracy": 32.4},
+        {"model": "gru", "data": "shuffled", "step": 1000, "test_accuracy": 56.8},
+        {"model": "gru", "data": "shuffled", "step": 2000, "test_accuracy": 53.3}]

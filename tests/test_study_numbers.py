@@ -45,8 +45,6 @@ ALLOWED: dict[str, dict[str, str]] = {
     },
     "digits_clip_scale": {"scikit-learn's 1797": "the dataset's size"},
     "mnist1d": {
-        "ICML 2024": "the paper's venue and year",
-        "4,000 training and 1,000 test sequences": "the package's published split",
         "batches of 100": "the paper's recipe: a config value",
         "40 → 100 → 100": "the paper's MLP: its widths",
         "two hidden layers of 100": "the preset's MLP: its widths",
