@@ -55,10 +55,7 @@ def paper() -> str:
     names = [f"{model} on the {data} data" for model, data in zip(cells["model"], cells["data"],
                                                                   strict=True)]
     to_paper = paper_table.gaps(summary)
-    code = paper_table.code_runs(notebooks)
-    code_to_paper = [code[("2024-05-16", model, data)] - paper for (model, _), paper, data in
-                     zip(paper_table.PAPER, paper_table.PAPER.values(), cells["data"],
-                         strict=True)]
+    code_to_paper = paper_table.code_to_paper(notebooks)
     to_code = paper_table.code_gaps(summary, notebooks)
     missed = [i for i, gap in enumerate(to_paper) if abs(gap) > paper_table.MARGIN]
     alike = [i for i in missed if code_to_paper[i] * to_paper[i] > 0]
