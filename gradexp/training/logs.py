@@ -290,9 +290,12 @@ class RunLog:
         header = ["step", *self.names, *self.val_names]
         self._past_rows = keep_rows(run_dir / METRICS, header, start_step)
         self._table_file = open(run_dir / METRICS, "a" if start_step else "w", newline="")
-        self._row_format = ",".join(["%d"] + ["%.9g"] * self.every_step
-                                    + ["%s"] * (len(self.telemetry) + len(self.val_names))) + "\n"
-        self._blank = [""] * (len(self.telemetry) + len(self.val_names))
+        # a row's every-step values, then its other columns: blank (literal commas: formatting
+        # empty strings cost a third of a row's time) or, in a call's last row, filled
+        values = ",".join(["%d"] + ["%.9g"] * self.every_step)
+        others = len(self.telemetry) + len(self.val_names)
+        self._row_format, self._last_row_format = (values + "," * others + "\n",
+                                                   values + ",%s" * others + "\n")
         self.events = EventWriter(run_dir)
         if start_step:  # a SessionLog START: TensorBoard drops an earlier writer's later points
             self.events.write(Event(step=start_step + 1, wall_time=time.time(),
@@ -322,7 +325,7 @@ class RunLog:
         with writing(METRICS, self.run_dir, last, tensorflow="the event file"):
             every = rows[:, :self.every_step].tolist()
             self.events.rows(steps, self.names[:self.every_step], every)
-            lines = [self._row_format % (step, *row, *self._blank)
+            lines = [self._row_format % (step, *row)
                      for step, row in zip(steps.tolist(), every, strict=True)]
             extra = {}
             if measured and self.telemetry:
@@ -331,7 +334,7 @@ class RunLog:
                 extra.update(val)
             if extra:
                 self.events.scalars(last, extra)
-                lines[-1] = self._row_format % (last, *every[-1], *(
+                lines[-1] = self._last_row_format % (last, *every[-1], *(
                     f"{extra[c]:.9g}" if c in extra else "" for c in (*self.telemetry,
                                                                       *self.val_names)))
             self._table_file.write("".join(lines))
