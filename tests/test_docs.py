@@ -160,6 +160,14 @@ def test_the_bench_json_renders_as_its_page(tmp_path):
     page = markdown(about)
     assert "- **when**: 2026-12-05\n- **on**: 2 CPU cores\n" in page
     assert page.count("| `vs_keras_fit` |") == 1
+    # two full runs: a section each, with its own about and table
+    later = {"about": {"when": "2026-12-06"}, "figures": {**figures, "logging_overhead": 1.04}}
+    page = markdown([about, later])
+    first, second = page.split("## Full run 2 of 2\n")
+    assert "## Full run 1 of 2\n\n- **when**: 2026-12-05" in first
+    assert "| `logging_overhead` | 1.10 (1.00–1.20) | ≤ 1.05 | **no** |" in first
+    assert second.startswith("\n- **when**: 2026-12-06\n")
+    assert "| `logging_overhead` | 1.04 (1.00–1.20) | ≤ 1.05 | yes |" in second
 
 
 def test_every_fenced_block_is_run_or_marked_not_run_with_its_reason():

@@ -3,8 +3,9 @@
 FILE.json is the JSON object `python -m gradexp.bench` prints as its last line (figure name ->
 value, a ratio's spread as `<name>_min` and `<name>_max`), or `{"about": {...}, "figures":
 {...}}`: the same figures with where, when and on what they were measured, which the page
-states first. Each ratio the bench names below is a row with its target, if it has one, and
-whether its median meets it; every other figure is listed with its value. No TensorFlow here.
+states first; or a list of such runs, a section each. Each ratio the bench names below is a row
+with its target, if it has one, and whether its median meets it; every other figure is listed
+with its value. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -69,11 +70,23 @@ def meets(value: float, target: tuple[str, float] | None) -> str:
     return "yes" if (value >= bound if op == ">=" else value <= bound) else "**no**"
 
 
-def markdown(data: dict) -> str:
-    """The page: what was measured (`about`), the ratios against their targets, the rest."""
+def markdown(data: dict | list[dict]) -> str:
+    """The page: for each run (one, or a list), what was measured (`about`), the ratios against
+    their targets, the rest."""
+    runs = data if isinstance(data, list) else [data]
+    lines = ["# Performance", "", METHOD, ""]
+    for k, run in enumerate(runs, 1):
+        if len(runs) > 1:
+            lines += [f"## Full run {k} of {len(runs)}", ""]
+        lines += run_lines(run) + [""]
+    return "\n".join(lines[:-1]) + "\n"
+
+
+def run_lines(data: dict) -> list[str]:
+    """One run's part of the page."""
     figures = data.get("figures", data)
     about = data.get("about", {})
-    lines = ["# Performance", "", METHOD, ""]
+    lines = []
     if about:
         lines += [f"- **{key}**: {value}" for key, value in about.items()] + [""]
     lines += ["| figure | measured: median (min–max) | target | met | what is compared |",
@@ -93,7 +106,7 @@ def markdown(data: dict) -> str:
         lines += ["", "The other figures of the run (steps/s, seconds, GFLOP/s: the measurements "
                   "behind the ratios):", "", "| figure | value |", "| --- | --- |"]
         lines += [f"| `{name}` | {number(figures[name])} |" for name in rest]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def render(path: str | Path) -> str:
