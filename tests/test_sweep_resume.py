@@ -74,6 +74,19 @@ def mtimes(*paths: Path) -> dict[str, int]:
     return {str(f): f.stat().st_mtime_ns for f in files}
 
 
+def sweep_record(sweep: Path, sweeper: str = "basic", subdir: str = "${hydra.job.num}") -> Path:
+    """A sweep directory with multirun.yaml as Hydra writes it, the parts a resume reads: a
+    sweep of seed=0,1 clip=0.1."""
+    from omegaconf import OmegaConf
+
+    sweep.mkdir()
+    OmegaConf.save(OmegaConf.create({"hydra": {
+        "runtime": {"choices": {"hydra/sweeper": sweeper}},
+        "sweep": {"dir": str(sweep), "subdir": subdir}, "sweeper": {"params": None},
+        "overrides": {"hydra": [], "task": ["seed=0,1", "clip=0.1"]}}}), sweep / "multirun.yaml")
+    return sweep
+
+
 def test_a_sweep_stopped_in_its_second_run_finishes_as_if_it_had_never_stopped(tmp_path):
     whole = start(tmp_path / "whole", "-m", *SWEEP)  # alongside: two cores
     stopped = start(tmp_path / "stopped", "-m", *SWEEP)
@@ -245,8 +258,6 @@ def test_every_resume_refusal_is_one_line_and_exit_2(tmp_path):
     one with a run still going, of one whose run directory another job made."""
     import socket
 
-    from omegaconf import OmegaConf
-
     alive = {"host": socket.gethostname(), "pid": os.getpid()}  # this (python) process
 
     def run_dir(name, summary, checkpoint=True):
@@ -259,16 +270,8 @@ def test_every_resume_refusal_is_one_line_and_exit_2(tmp_path):
             (run / "checkpoints" / "checkpoint").write_text("")
         return run
 
-    def sweep_dir(name, sweeper="basic", subdir="${hydra.job.num}"):
-        """multirun.yaml as Hydra writes it, the parts a resume reads: a sweep of seed=0,1."""
-        sweep = tmp_path / name
-        sweep.mkdir()
-        OmegaConf.save(OmegaConf.create({"hydra": {
-            "runtime": {"choices": {"hydra/sweeper": sweeper}},
-            "sweep": {"dir": str(sweep), "subdir": subdir}, "sweeper": {"params": None},
-            "overrides": {"hydra": [], "task": ["seed=0,1", "clip=0.1"]}}}),
-            sweep / "multirun.yaml")
-        return sweep
+    def sweep_dir(name, **how):
+        return sweep_record(tmp_path / name, **how)
 
     completed = run_dir("completed", {"status": "completed"})
     no_checkpoint = run_dir("no_checkpoint", {"status": "interrupted"}, checkpoint=False)
@@ -302,6 +305,33 @@ def test_every_resume_refusal_is_one_line_and_exit_2(tmp_path):
         assert result.returncode == 2 and len(lines) == 1, (args, result.stderr)
         assert lines[0].startswith(f"error: {message}"), lines[0]
     assert mtimes(tmp_path) == before  # not a file written or touched
+
+
+def test_a_sweeps_resume_is_found_and_refused_in_this_process(tmp_path):
+    """`resume=<sweep>` read here (so that mutation testing sees it): a sweep whose directory
+    name holds "=" (as Hydra's override_dirname makes) is found whole; the whole line of each
+    refusal of a sweep that cannot be resumed (the subprocess test sees only its start)."""
+    import pytest
+
+    from gradexp.runs.rundir import NotResumable
+    from gradexp.sweeps import resume
+
+    named = sweep_record(tmp_path / "lr=0.1,seed=0")
+    assert resume.sweep_to_resume(["clip=0.1", f"resume={named}"]) == named
+    for multirun in ("-m", "--multirun"):  # either spelling: the flag, not a setting
+        assert resume.multirun_arguments(named, [f"resume={named}", multirun, "seed=0,1"]) == [
+            "--multirun", "seed=0,1", "clip=0.1", f"hydra.sweep.dir={named.resolve()}",
+            "hydra/sweeper=gradexp_resume"]
+    optuna = sweep_record(tmp_path / "optuna", sweeper="optuna")
+    renamed = sweep_record(tmp_path / "renamed", subdir="${hydra.job.override_dirname}")
+    for sweep, message in (
+            (optuna, "a sweep of hydra/sweeper=optuna; only basic sweeps (a job list fixed by "
+                     "their overrides) can be resumed"),
+            (renamed, "its runs are not in <sweep>/<job number>/ (hydra.sweep.subdir was "
+                      "changed)")):
+        with pytest.raises(NotResumable) as refused:
+            resume.multirun_arguments(sweep, [f"resume={sweep}"])
+        assert str(refused.value) == f"resume={sweep}: {message}"
 
 
 def test_a_job_refuses_a_run_of_another_config_or_a_live_run_in_its_directory(make_cfg, tmp_path):
