@@ -74,16 +74,18 @@ def mtimes(*paths: Path) -> dict[str, int]:
     return {str(f): f.stat().st_mtime_ns for f in files}
 
 
-def sweep_record(sweep: Path, sweeper: str = "basic", subdir: str = "${hydra.job.num}") -> Path:
+def sweep_record(sweep: Path, sweeper: str = "basic", subdir: str = "${hydra.job.num}",
+                 hydra: tuple[str, ...] = ()) -> Path:
     """A sweep directory with multirun.yaml as Hydra writes it, the parts a resume reads: a
-    sweep of seed=0,1 clip=0.1."""
+    sweep of seed=0,1 clip=0.1 (`hydra`: its hydra overrides)."""
     from omegaconf import OmegaConf
 
     sweep.mkdir()
     OmegaConf.save(OmegaConf.create({"hydra": {
         "runtime": {"choices": {"hydra/sweeper": sweeper}},
         "sweep": {"dir": str(sweep), "subdir": subdir}, "sweeper": {"params": None},
-        "overrides": {"hydra": [], "task": ["seed=0,1", "clip=0.1"]}}}), sweep / "multirun.yaml")
+        "overrides": {"hydra": list(hydra), "task": ["seed=0,1", "clip=0.1"]}}}),
+        sweep / "multirun.yaml")
     return sweep
 
 
@@ -322,6 +324,14 @@ def test_a_sweeps_resume_is_found_and_refused_in_this_process(tmp_path):
         assert resume.multirun_arguments(named, [f"resume={named}", multirun, "seed=0,1"]) == [
             "--multirun", "seed=0,1", "clip=0.1", f"hydra.sweep.dir={named.resolve()}",
             "hydra/sweeper=gradexp_resume"]
+    # a sweep resumed before: its record names the resuming sweeper and the directory, which
+    # the command line gives again (once), and keeps its own hydra settings
+    again = sweep_record(tmp_path / "again", sweeper="gradexp_resume", hydra=(
+        f"hydra.sweep.dir={tmp_path / 'again'}", "hydra/sweeper=gradexp_resume",
+        "hydra/launcher=gradexp"))
+    assert resume.multirun_arguments(again, [f"resume={again}"]) == [
+        "--multirun", "hydra/launcher=gradexp", "seed=0,1", "clip=0.1",
+        f"hydra.sweep.dir={again.resolve()}", "hydra/sweeper=gradexp_resume"]
     optuna = sweep_record(tmp_path / "optuna", sweeper="optuna")
     renamed = sweep_record(tmp_path / "renamed", subdir="${hydra.job.override_dirname}")
     for sweep, message in (
