@@ -313,6 +313,8 @@ def test_a_sweeps_resume_is_found_and_refused_in_this_process(tmp_path):
     """`resume=<sweep>` read here (so that mutation testing sees it): a sweep whose directory
     name holds "=" (as Hydra's override_dirname makes) is found whole; the whole line of each
     refusal of a sweep that cannot be resumed (the subprocess test sees only its start)."""
+    import socket
+
     import pytest
 
     from gradexp.runs.rundir import NotResumable
@@ -334,11 +336,23 @@ def test_a_sweeps_resume_is_found_and_refused_in_this_process(tmp_path):
         f"hydra.sweep.dir={again.resolve()}", "hydra/sweeper=gradexp_resume"]
     optuna = sweep_record(tmp_path / "optuna", sweeper="optuna")
     renamed = sweep_record(tmp_path / "renamed", subdir="${hydra.job.override_dirname}")
+    foreign = sweep_record(tmp_path / "foreign")  # run 1 made by another job
+    (foreign / "1" / ".hydra").mkdir(parents=True)
+    (foreign / "1" / ".hydra" / "overrides.yaml").write_text("- seed=7\n- clip=0.1\n")
+    busy = sweep_record(tmp_path / "busy")  # run 0 written by a live process here: this one
+    (busy / "0").mkdir()
+    (busy / "0" / "summary.json").write_text(json.dumps({
+        "status": "running", "host": socket.gethostname(), "pid": os.getpid()}))
+    pid = os.getpid()
     for sweep, message in (
             (optuna, "a sweep of hydra/sweeper=optuna; only basic sweeps (a job list fixed by "
                      "their overrides) can be resumed"),
             (renamed, "its runs are not in <sweep>/<job number>/ (hydra.sweep.subdir was "
-                      "changed)")):
+                      "changed)"),
+            (foreign, "run 1 was made by other overrides than the sweep's job 1 (seed=1 "
+                      "clip=0.1)"),
+            (busy, f"run 0 is still going (pid {pid}); stop it first (kill -TERM {pid}) or let "
+                   "it finish")):
         with pytest.raises(NotResumable) as refused:
             resume.multirun_arguments(sweep, [f"resume={sweep}"])
         assert str(refused.value) == f"resume={sweep}: {message}"
