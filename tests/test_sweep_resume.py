@@ -89,6 +89,23 @@ def sweep_record(sweep: Path, sweeper: str = "basic", subdir: str = "${hydra.job
     return sweep
 
 
+def run_of_another_job(sweep: Path) -> Path:
+    """Run 1 of a sweep_record sweep, made by other overrides than its job's (seed=1)."""
+    (sweep / "1" / ".hydra").mkdir(parents=True)
+    (sweep / "1" / ".hydra" / "overrides.yaml").write_text("- seed=7\n- clip=0.1\n")
+    return sweep
+
+
+def run_still_going(sweep: Path) -> Path:
+    """Run 0 of a sweep, written by a live process here: this one."""
+    import socket
+
+    (sweep / "0").mkdir()
+    (sweep / "0" / "summary.json").write_text(json.dumps({
+        "status": "running", "host": socket.gethostname(), "pid": os.getpid()}))
+    return sweep
+
+
 def test_a_sweep_stopped_in_its_second_run_finishes_as_if_it_had_never_stopped(tmp_path):
     whole = start(tmp_path / "whole", "-m", *SWEEP)  # alongside: two cores
     stopped = start(tmp_path / "stopped", "-m", *SWEEP)
@@ -280,12 +297,8 @@ def test_every_resume_refusal_is_one_line_and_exit_2(tmp_path):
     going = run_dir("going", {"status": "running", **alive})
     optuna = sweep_dir("optuna", sweeper="optuna")
     renamed = sweep_dir("renamed", subdir="${hydra.job.override_dirname}")
-    busy_sweep = sweep_dir("busy_sweep")
-    (busy_sweep / "0").mkdir()
-    (busy_sweep / "0" / "summary.json").write_text(json.dumps({"status": "running", **alive}))
-    foreign = sweep_dir("foreign")
-    (foreign / "1" / ".hydra").mkdir(parents=True)
-    (foreign / "1" / ".hydra" / "overrides.yaml").write_text("- seed=7\n- clip=0.1\n")
+    busy_sweep = run_still_going(sweep_dir("busy_sweep"))
+    foreign = run_of_another_job(sweep_dir("foreign"))
     pid = os.getpid()
     cases = [
         ([f"resume={completed}"],
@@ -313,8 +326,6 @@ def test_a_sweeps_resume_is_found_and_refused_in_this_process(tmp_path):
     """`resume=<sweep>` read here (so that mutation testing sees it): a sweep whose directory
     name holds "=" (as Hydra's override_dirname makes) is found whole; the whole line of each
     refusal of a sweep that cannot be resumed (the subprocess test sees only its start)."""
-    import socket
-
     import pytest
 
     from gradexp.runs.rundir import NotResumable
@@ -336,13 +347,8 @@ def test_a_sweeps_resume_is_found_and_refused_in_this_process(tmp_path):
         f"hydra.sweep.dir={again.resolve()}", "hydra/sweeper=gradexp_resume"]
     optuna = sweep_record(tmp_path / "optuna", sweeper="optuna")
     renamed = sweep_record(tmp_path / "renamed", subdir="${hydra.job.override_dirname}")
-    foreign = sweep_record(tmp_path / "foreign")  # run 1 made by another job
-    (foreign / "1" / ".hydra").mkdir(parents=True)
-    (foreign / "1" / ".hydra" / "overrides.yaml").write_text("- seed=7\n- clip=0.1\n")
-    busy = sweep_record(tmp_path / "busy")  # run 0 written by a live process here: this one
-    (busy / "0").mkdir()
-    (busy / "0" / "summary.json").write_text(json.dumps({
-        "status": "running", "host": socket.gethostname(), "pid": os.getpid()}))
+    foreign = run_of_another_job(sweep_record(tmp_path / "foreign"))
+    busy = run_still_going(sweep_record(tmp_path / "busy"))
     pid = os.getpid()
     for sweep, message in (
             (optuna, "a sweep of hydra/sweeper=optuna; only basic sweeps (a job list fixed by "
