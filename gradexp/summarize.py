@@ -40,6 +40,11 @@ DEFAULT_BASELINE = {"clip": "null", "clipping": "none"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (its `--help` is the documentation's commands page)."""
     parser = argparse.ArgumentParser(
         prog="python -m gradexp.summarize",
         description="Compare each setting of a sweep with its unclipped baseline, seed by seed.",
@@ -52,24 +57,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--target-loss", type=float, metavar="LOSS",
                         help="the loss of steps_to_target (default: from the baseline's runs)")
     parser.add_argument("--final-fraction", type=_in_range(float, 1), default=0.1, metavar="F",
-                        help="final_loss averages the last F of the steps (default: 0.1)")
+                        help="final_loss averages the last F of the steps (default: %(default)s)")
     parser.add_argument("--spike-factor", type=_in_range(float), default=2.0, metavar="X",
-                        help="a spike is a loss above X × the preceding window's mean (default: 2)")
+                        help="a spike is a loss above X × the preceding window's mean "
+                             "(default: %(default)s)")
     parser.add_argument("--spike-window", type=_in_range(int), default=20, metavar="N",
-                        help="the trailing window of spikes and steps_to_target (default: 20)")
+                        help="the trailing window of spikes and steps_to_target "
+                             "(default: %(default)s)")
     parser.add_argument("--spike-min-rise", type=_in_range(float, 1), default=0.05, metavar="R",
-                        help="and by more than R × the first loss (default: 0.05)")
+                        help="and by more than R × the first loss (default: %(default)s)")
     parser.add_argument("--spike-score-window", type=_in_range(int), default=1000, metavar="W",
-                        help="the spike scores' rolling window, in steps (default: 1000)")
+                        help="the spike scores' rolling window, in steps (default: %(default)s)")
     parser.add_argument("--spike-score-sigmas", type=_in_range(float), default=7.0, metavar="K",
                         help="a spike score counts values K standard deviations from the rolling "
-                             "mean (default: 7)")
+                             "mean (default: %(default)s)")
     parser.add_argument("--plots", action="store_true", help="also write the PNGs")
     parser.add_argument("--tensorboard", action="store_true",
                         help="also write each setting's mean and 95%% band over seeds as a "
                              "TensorBoard run, OUT/summary_tb/<setting>/")
     parser.add_argument("--out", type=Path, metavar="OUT", help="where to write (default: DIR)")
-    return parser.parse_args(argv)
+    return parser
 
 
 def _baseline_arg(text: str) -> dict[str, str]:

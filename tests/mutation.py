@@ -170,8 +170,9 @@ GROUPS = {
                            "tests/test_analysis_known.py", "tests/test_analysis_groups.py",
                            "tests/test_summarize.py")),
     "summarize": (["gradexp/summarize.py"],
-                  in_process("tests/test_summarize.py", "tests/test_analysis_known.py",
-                             "tests/test_analysis_groups.py")),
+                  [*in_process("tests/test_summarize.py", "tests/test_analysis_known.py",
+                               "tests/test_analysis_groups.py"),  # and its --help, on a page:
+                   "tests/test_docs.py::test_the_generated_pages_are_what_the_code_gives_today"]),
     "search": (["gradexp/sweeps/search/*.py"], in_process("tests/test_search.py")),
     "config": (["gradexp/config/*.py"],
                in_process("tests/test_config.py", "tests/test_registries.py", "tests/test_api.py",
@@ -198,7 +199,7 @@ def mutmut_section(modules: list[str], tests: list[str]) -> str:
 [tool.mutmut]
 source_paths = {toml_list(sources)}
 only_mutate = {toml_list(modules)}
-also_copy = {toml_list([d for d in ("conf", "hydra_plugins") if d not in sources])}
+also_copy = {toml_list([d for d in ("conf", "docs", "hydra_plugins") if d not in sources])}
 # -n 0: in one process, where mutmut's hooks are
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-W", "ignore", "-n", "0"]
 pytest_add_cli_args_test_selection = {toml_list(tests)}
@@ -214,7 +215,7 @@ def prepare(group: str) -> Path:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    copy(work, "gradexp", "tests", "conf", "hydra_plugins")
+    copy(work, "gradexp", "tests", "conf", "hydra_plugins", "docs")
     return configure(group, work)
 
 
@@ -224,7 +225,7 @@ def refresh(group: str) -> tuple[Path, bool]:
     verdict, and every mutant must be tested again)."""
     work = REPO / ".mutmut" / group
     before = (work / "pyproject.toml").read_text()
-    copy(work, "tests", "conf")
+    copy(work, "tests", "conf", "docs")
     return configure(group, work), (work / "pyproject.toml").read_text() != before
 
 

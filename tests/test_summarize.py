@@ -52,28 +52,81 @@ def test_baseline_option_takes_several_pairs(tmp_path, capsys):
     assert "each key once" in capsys.readouterr().err
 
 
-def test_cli_end_to_end(tmp_path):
-    sweep = tmp_path / "sweep"
+def test_cli_end_to_end(tmp_path, capsys):
+    """What summarize prints (a skipped run's line, the note, the table as `simple` Markdown
+    without an index, what it wrote) and writes (into --out, made with its parents)."""
+    sweep, out_dir = tmp_path / "sweep", tmp_path / "out" / "deep"
     for seed in range(2):
         for clip in ("null", "0.1", "1"):
             write_run(sweep / f"{clip}_{seed}", [f"clip={clip}", f"seed={seed}"],
                       [4.0, 3.0 + seed, 2.0, 1.5 if clip == "null" else 1.0])
     (sweep / "broken").mkdir()
     (sweep / "broken" / "metrics.csv").write_text("step,loss/train\n1,2\n")
-    result = summarize_cli(sweep, "--plots", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    out = result.stdout.splitlines()
+    assert S.main([str(sweep), "--plots", "--out", str(out_dir)]) == 0
+    out = capsys.readouterr().out.splitlines()
     assert out[0] == "skipped broken: no .hydra/ (not a Hydra run directory)"
-    rows = [line.split()[0] for line in out if line.split() and line.split()[0] in
-            ("null", "0.1", "1")]
-    assert rows == ["null", "0.1", "1"]  # one row per group, the baseline first
-    assert "wrote" in out[-1]
-    for name in ("summary.csv", "summary.md", "runs.csv", "loss_curves.png", "grad_norms.png",
-                 "final_loss_vs_clip.png"):
-        assert (sweep / name).stat().st_size > 0, name
-    tidy = read_csv(sweep / "summary.csv")
-    assert len(tidy) == 3 * len(METRICS)
-    assert "## final_loss (lower is better)" in (sweep / "summary.md").read_text()
+    assert out[1].startswith("Baseline clip=null: each group against the group with the same")
+    header, rule, *rows = out[2:-1]
+    assert header.split()[:4] == ["clip", "runs", "diverged", "Δ"]
+    assert set(rule) == {"-", " "} and rule.startswith("------  ------  ---")
+    assert [row.split()[0] for row in rows] == ["null", "0.1", "1"]  # the baseline first
+    final = header.index("final_loss")
+    assert [row[final:].split()[0] for row in rows] == ["1.5±0", "1±0", "1±0"]
+    names = ["summary.csv", "summary.md", "runs.csv", "loss_curves.png", "grad_norms.png",
+             "final_loss_vs_clip.png"]
+    assert out[-1] == "wrote " + ", ".join(str(out_dir / name) for name in names)
+    assert all((out_dir / name).stat().st_size > 0 for name in names)
+    assert not (sweep / "summary.csv").exists()
+    tidy = read_csv(out_dir / "summary.csv")
+    assert list(tidy.columns[:3]) == ["clip", "group", "metric"] and len(tidy) == 3 * len(METRICS)
+    runs = read_csv(out_dir / "runs.csv")
+    assert runs.columns[0] == "run" and sorted(runs["run"]) == sorted(
+        f"{clip}_{seed}" for clip in ("null", "0.1", "1") for seed in range(2))
+    report = (out_dir / "summary.md").read_text()
+    assert "## final_loss (lower is better)" in report and "broken" in report  # and the skipped
+
+
+def test_target_loss_option_sets_the_loss_of_steps_to_target(tmp_path, capsys):
+    """By default the target is the baseline's worst final loss, 1.5: clip=0.1's trailing
+    mean over 2 steps reaches it at step 4 ((2 + 1) / 2); --target-loss 2.5 at step 3
+    ((3 + 2) / 2)."""
+    for seed in range(2):
+        for clip in ("null", "0.1"):
+            write_run(tmp_path / f"{clip}_{seed}", [f"clip={clip}", f"seed={seed}"],
+                      [4.0, 3.0, 2.0, 1.5 if clip == "null" else 1.0])
+
+    def target(*options):
+        assert S.main([str(tmp_path), "--spike-window", "2", *options]) == 0
+        tidy = read_csv(tmp_path / "summary.csv").set_index(["metric", "clip"])
+        return tidy.loc[("steps_to_target", "0.1"), ["target_loss", "mean"]].tolist()
+
+    assert target() == [1.5, 4]
+    assert target("--target-loss", "2.5") == [2.5, 3]
+    capsys.readouterr()
+
+
+def test_each_option_is_checked_at_the_ends_of_its_range(capsys):
+    args = S.parse_args(["d", "--final-fraction", "1", "--spike-min-rise", "1",
+                         "--spike-factor", "0.5", "--spike-window", "1"])
+    assert (args.final_fraction, args.spike_min_rise, args.spike_factor, args.spike_window) == (
+        1.0, 1.0, 0.5, 1)
+    for option, value, message in [
+            ("--final-fraction", "0", "0: must be in (0, 1]"),
+            ("--final-fraction", "1.5", "1.5: must be in (0, 1]"),
+            ("--spike-min-rise", "2", "2: must be in (0, 1]"),
+            ("--spike-factor", "0", "0: must be positive"),
+            ("--spike-score-window", "-1", "-1: must be positive"),
+            ("--spike-window", "2.5", "invalid int value: '2.5'"),
+            ("--baseline", "=null", "'=null': expected KEY=VALUE[,KEY=VALUE...], each key once, "
+                                    "e.g. clip=null"),
+            ("--baseline", "clip", "'clip': expected KEY=VALUE[,KEY=VALUE...], each key once, "
+                                   "e.g. clip=null")]:
+        with pytest.raises(SystemExit) as exit:
+            S.parse_args(["d", option, value])
+        assert exit.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f"python -m gradexp.summarize: error: argument {option}: {message}"), option
+    assert S._baseline_arg("layer.note=a=b") == {"layer.note": "a=b"}  # the first = splits
 
 
 def test_summary_csv_compares_the_spike_scores_seed_by_seed(tmp_path, capsys):
@@ -167,16 +220,41 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert S.main([str(tmp_path / "one"), "--baseline", "clip=none"]) == 2
     assert capsys.readouterr().err == ("error: --baseline clip=none: clip is not a swept key "
                                        "(keys: layer.scale)\n")
+    write_run(tmp_path / "two" / "a", ["clip=0.1", "layer.scale=1", "seed=0"], ending_at(1.0))
+    write_run(tmp_path / "two" / "b", ["clip=0.1", "layer.scale=3", "seed=0"], ending_at(1.0))
+    assert S.main([str(tmp_path / "two"), "--baseline", "layer.scale=1,clip=0.1"]) == 2
+    assert capsys.readouterr().err == ("error: --baseline clip=0.1: clip is not a swept key "
+                                       "(keys: layer.scale)\n")
+    for seed in range(2):
+        write_run(tmp_path / "seeds" / f"s{seed}", ["clip=0.1", f"seed={seed}"], ending_at(1.0))
+    assert S.main([str(tmp_path / "seeds"), "--baseline", "clip=0.1"]) == 2
+    assert capsys.readouterr().err == ("error: --baseline clip=0.1: clip is not a swept key "
+                                       "(no key but the seed varies)\n")
+    (tmp_path / "broken" / "a").mkdir(parents=True)
+    (tmp_path / "broken" / "a" / "metrics.csv").write_text("step,loss/train\n1,2\n")
+    assert S.main([str(tmp_path / "broken")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "skipped a: no .hydra/ (not a Hydra run directory)\n"
+    assert err == f"error: {tmp_path / 'broken'}: no readable runs (1 skipped)\n"
 
 
-def test_import_does_not_load_tensorflow():
-    code = "import sys, gradexp.summarize; print('tensorflow' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, check=True)
-    assert result.stdout.strip() == "False"
+def test_summarize_never_loads_tensorflow(tmp_path):
+    """Not on import, not while writing TensorBoard runs (the tensorboard package alone)."""
+    for seed in range(2):
+        for clip in ("null", "0.1"):
+            write_run(tmp_path / f"{clip}_{seed}", [f"clip={clip}", f"seed={seed}"],
+                      ending_at(1.0 + seed))
+    for code in ("import gradexp.summarize",
+                 f"from gradexp.summarize import main; main([{str(tmp_path)!r}, '--tensorboard'])"):
+        result = subprocess.run([sys.executable, "-c", f"import sys; {code}; "
+                                 "print('tensorflow' in sys.modules)"], cwd=REPO,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[-1] == "False", code
+    assert (tmp_path / "summary_tb" / "settings.csv").is_file()
 
 
-def test_bad_inputs_are_skipped_with_a_reason_never_a_traceback(tmp_path):
+def test_bad_inputs_are_skipped_with_a_reason_never_a_traceback(tmp_path, capsys):
     """The summary's half of the bad-input catalogue: each case is answered by a
     `skipped <run>: <reason>` line (or summarized, where the data allow it), exit 0."""
     sweep = tmp_path / "sweep"
@@ -191,10 +269,10 @@ def test_bad_inputs_are_skipped_with_a_reason_never_a_traceback(tmp_path):
     # a table cut off in the middle of a line (and its summary says completed)
     cut = write_run(sweep / "truncated", ["clip=1", "seed=0"], ending_at(1.0))
     (cut / "metrics.csv").write_text((cut / "metrics.csv").read_text()[:-7])
-    result = summarize_cli(sweep, cwd=tmp_path)
-    assert result.returncode == 0 and result.stderr == "", result.stderr
-    assert "Traceback" not in result.stdout
-    skipped = [line for line in result.stdout.splitlines() if line.startswith("skipped ")]
+    assert S.main([str(sweep)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    skipped = [line for line in out.splitlines() if line.startswith("skipped ")]
     assert any(line.startswith("skipped corrupt_events: ") for line in skipped), skipped
     assert any(line.startswith("skipped truncated: ") for line in skipped), skipped
     runs_table = pd.read_csv(sweep / "runs.csv", keep_default_na=False, na_values=[""])
@@ -202,8 +280,7 @@ def test_bad_inputs_are_skipped_with_a_reason_never_a_traceback(tmp_path):
     assert nan_run["diverged"] == 1 and nan_run["diverged_step"] == 3
 
     single = sweep / "good_0"  # not a sweep: one run directory is summarized as one group
-    result = summarize_cli(single, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+    assert S.main([str(single)]) == 0
     assert (single / "summary.csv").exists()
 
 
@@ -255,11 +332,11 @@ def test_summarize_is_silent_when_runs_share_a_clean_commit_or_have_no_provenanc
         assert err == "" and "skipped" not in out, folder
 
 
-def test_tensorboard_bands_name_each_setting_and_replace_an_earlier_summary(tmp_path):
+def test_tensorboard_bands_name_each_setting_and_replace_an_earlier_summary(tmp_path, capsys):
     """--tensorboard: a run per setting under summary_tb/, its directory named by the mapping
     (`=` → `-`, `/` → `.`, `,` → `+`, brackets dropped, pairs joined by `,`); at a step only one
     seed reached (the other diverged before it) the band has no width; a second summary
-    replaces the first; TensorFlow is never imported."""
+    replaces the first."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from gradexp.analysis.bands_tb import run_dir_name, run_dir_names
@@ -274,13 +351,9 @@ def test_tensorboard_bands_name_each_setting_and_replace_an_earlier_summary(tmp_
         write_run(sweep / f"b{seed}", ["clip=null", "dataset.path=data/y.npz", f"seed={seed}"],
                   [4.0, 3.0 + seed, 2.0, 1.0])
     assert S.main([str(sweep), "--tensorboard"]) == 0
-    code = ("import sys; from gradexp.summarize import main; "
-            f"assert main([{str(sweep)!r}, '--tensorboard']) == 0; "
-            "print('tensorflow' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, timeout=120)  # again: it replaces the first's runs
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "False"
+    assert S.main([str(sweep), "--tensorboard"]) == 0  # again: it replaces the first's runs
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        f"runs.csv, {sweep / 'summary_tb'}")
     runs = {p.name: p for p in (sweep / "summary_tb").iterdir() if p.is_dir()}
     assert sorted(runs) == ["clip-0.1,dataset.path-data.x.npz", "clip-null,dataset.path-data.y.npz"]
     assert read_csv(sweep / "summary_tb" / "settings.csv")["setting"].tolist() == [
@@ -302,3 +375,68 @@ def test_tensorboard_bands_name_each_setting_and_replace_an_earlier_summary(tmp_
     assert values("upper/loss/train")[2] == pytest.approx(2.5 * factor, rel=1e-6)
     assert values("lower/loss/train")[1] == values("upper/loss/train")[1] == 4.0  # s = 0
     assert values("lower/loss/train")[3] == values("upper/loss/train")[3] == 2.0  # one seed
+
+
+def test_a_search_is_summarized_with_its_history_and_best_value(tmp_path, capsys):
+    """A search's record (search.csv, as the sweeper writes it) beside its runs: its history
+    and best line are printed after the table and end summary.md as its own section. Trial 0
+    (clip=0.1) has final losses 1 and 2, trial 1 (clip=1) 3 and 3."""
+    from gradexp.runs import search_record
+
+    finals = {0: ("0.1", [1.0, 2.0]), 1: ("1", [3.0, 3.0])}
+    rows = []
+    for trial, (clip, losses) in finals.items():
+        jobs = [f"{trial}_{seed}" for seed in range(2)]
+        for seed, (job, loss) in enumerate(zip(jobs, losses, strict=True)):
+            write_run(tmp_path / job, [f"clip={clip}", f"seed={seed}"], ending_at(loss),
+                      summary={"final_loss": loss})
+        rows.append({"trial": trial, "state": "complete", "value": sum(losses) / 2, "clip": clip,
+                     "seeds": 2, "diverged": 0, "values": " ".join(map(str, losses)),
+                     "jobs": " ".join(jobs)})
+    search_record.write(tmp_path, ["clip"], rows)
+    assert S.main([str(tmp_path), "--baseline", "clip=1"]) == 0
+    out = capsys.readouterr().out
+    table, search = out.split("\n\nsearch: 2 trials in the order they ran; final_loss: ")
+    assert table.splitlines()[-1].split()[0] == "0.1"  # the comparison's table, then the search
+    best = "best: clip=0.1 (trial 0): final_loss 1.5, sd 0.7071 over 2 seeds (from 1 to 2)"
+    assert search.splitlines()[-2] == best
+    assert search.splitlines()[-1].startswith("wrote ")
+    report = (tmp_path / "summary.md").read_text()
+    assert report.endswith("\n## Search\n\nsearch: 2 trials in the order they ran; final_loss: "
+                           + search.split("\nwrote ")[0] + "\n")
+    assert report.count("## Search") == 1 and report.index("## final_loss") < report.index(
+        "## Search")
+
+
+def test_the_note_explains_the_success_columns_when_the_runs_have_a_criterion(tmp_path, capsys):
+    for seed in range(2):
+        for clip in ("null", "0.1"):
+            write_run(tmp_path / f"{clip}_{seed}", [f"clip={clip}", f"seed={seed}"],
+                      ending_at(1.0), columns={"error_rate/val": [None] * 9 + [0.0]},
+                      config={"dataset": {"name": "adding", "success_below": 0.01}})
+    assert S.main([str(tmp_path)]) == 0
+    note = capsys.readouterr().out.splitlines()[0]
+    assert note.startswith("Baseline clip=null: ")
+    assert " success: seeds that succeeded/seeds [exact 95% interval], Δ success: " in note
+
+
+def test_a_closed_pipe_sends_the_rest_of_the_output_to_dev_null():
+    """PipeSafeStdout over a pipe whose reader reads one line and goes: what is written after
+    is dropped without an error, and its descriptor then points to /dev/null, so the bytes
+    still buffered at exit cannot fail either."""
+    import os
+
+    read_end, write_end = os.pipe()
+    stream = os.fdopen(write_end, "w")
+    safe = S.PipeSafeStdout(stream)
+    assert not safe.reader_gone and safe.fileno() == write_end  # the rest: the stream's own
+    assert safe.write("first ü\n") == 8
+    safe.flush()
+    assert os.read(read_end, 100) == "first ü\n".encode()
+    os.close(read_end)
+    assert safe.write("x" * 100_000) == 100_000  # more than the buffer: it fails to flush
+    assert safe.reader_gone
+    safe.flush()
+    assert safe.write("more") == 4
+    assert os.path.samestat(os.fstat(write_end), os.stat(os.devnull))
+    stream.close()

@@ -310,7 +310,8 @@ def determinism_cost(steps: int, repeats: int) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------ main
-def main(argv: list[str] | None = None) -> dict:
+def parser() -> argparse.ArgumentParser:
+    """The command line (its `--help` is the documentation's commands page)."""
     parser = argparse.ArgumentParser(prog="python -m gradexp.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
@@ -324,7 +325,11 @@ def main(argv: list[str] | None = None) -> dict:
                         "(the JSON line a run printed) as a Markdown page, and measure nothing")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides for every run, e.g. trainer.jit_compile=false")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parser().parse_args(argv)
     if args.markdown:
         print(bench_report.render(args.markdown), end="")
         return {}

@@ -118,14 +118,19 @@ def measure(repeats: int, rnn: bool = True) -> dict[str, float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def parser():
+    """The command line (its `--help` is the documentation's commands page)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m gradexp.bench.sweeps", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=1, help="rounds (medians compared)")
     parser.add_argument("--no-rnn", action="store_true", help="the default MLP's sweep only")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    args = parser().parse_args(argv)
     out = measure(args.repeats, rnn=not args.no_rnn)
     print(json.dumps({k: round(v, 4) for k, v in out.items()}))
     return out
