@@ -316,11 +316,15 @@ def summarize(group: str, work: Path, seconds: float) -> list[dict]:
     return rows
 
 
-def record(group: str, rows: list[dict]) -> None:
-    """The group's counts into RECORD, with the commit and day they were measured at."""
+def head() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def record(group: str, rows: list[dict], commit: str) -> None:
+    """The group's counts into RECORD, with the commit (its tests, when the group's run began)
+    and day they were measured at."""
     known = json.loads(RECORD.read_text()) if RECORD.exists() else {}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                            capture_output=True, text=True).stdout.strip()
     keys = ("module", "total", "killed", "survived", "timeout", "no tests", "not checked",
             "equivalent", "in_subprocess", "scored", "score")
     known[group] = {"commit": commit, "day": time.strftime("%Y-%m-%d"),
@@ -354,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     everything = []
     for group in args.groups or list(GROUPS):
         again = args.survivors and (REPO / ".mutmut" / group / "mutants").exists()
+        commit = head()  # the scratch copy is the checkout as it is now
         work, selection_changed = refresh(group) if again else (prepare(group), False)
         if selection_changed:
             print(f"{group}: its tests changed since its last run: every mutant is tested again")
@@ -374,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = summarize(group, work, time.monotonic() - start)
         everything += rows
         if args.record:
-            record(group, rows)
+            record(group, rows, commit)
     killed = sum(r.get("killed", 0) + r["in_subprocess"] for r in everything)
     scored = sum(r["scored"] for r in everything)
     unchecked = sum(r.get("not checked", 0) for r in everything)
