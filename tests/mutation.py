@@ -173,7 +173,8 @@ GROUPS = {
                   [*in_process("tests/test_summarize.py", "tests/test_analysis_known.py",
                                "tests/test_analysis_groups.py"),  # and its --help, on a page:
                    "tests/test_docs.py::test_the_generated_pages_are_what_the_code_gives_today"]),
-    "search": (["gradexp/sweeps/search/*.py"], in_process("tests/test_search.py")),
+    "search": (["gradexp/sweeps/search/*.py"],
+               in_process("tests/test_search.py", "tests/test_search_space.py")),
     "config": (["gradexp/config/*.py"],
                in_process("tests/test_config.py", "tests/test_registries.py", "tests/test_api.py",
                           "tests/test_faults.py", "tests/test_models.py",
