@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from fake_runs import code_record, ending_at, two_sweeps, write_run
 
-from conftest import REPO, gradexp
+from conftest import REPO
 from gradexp import summarize as S
 from gradexp.analysis.metrics import METRICS
 
@@ -21,10 +21,6 @@ def read_csv(path):
     """summary.csv / runs.csv as a user should read them: `null` is a value, not a blank."""
     return pd.read_csv(path, dtype={"clip": str, "seed": str, "run": str},
                        keep_default_na=False, na_values=[""])
-
-
-def summarize_cli(*args, cwd):
-    return gradexp("gradexp.summarize", *map(str, args), cwd=cwd, timeout=120)
 
 
 def test_baseline_option_takes_several_pairs(tmp_path, capsys):
@@ -83,6 +79,7 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert runs.columns[0] == "run" and sorted(runs["run"]) == sorted(
         f"{clip}_{seed}" for clip in ("null", "0.1", "1") for seed in range(2))
     report = (out_dir / "summary.md").read_text()
+    assert report.startswith(f"# Sweep summary: {sweep}\n")
     assert "## final_loss (lower is better)" in report and "broken" in report  # and the skipped
 
 
@@ -203,10 +200,10 @@ def test_a_reader_that_stops_early_ends_summarize_quietly(tmp_path):
     assert child.returncode == 0
     assert len(read_csv(tmp_path / "summary.csv")) == 3 * len(METRICS)
 
-def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
-    result = summarize_cli("no/such/dir", cwd=tmp_path)  # relative to a fresh directory
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == "error: no/such/dir: no such directory\n"
+def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert S.main(["no/such/dir"]) == 2  # relative to the working directory
+    assert capsys.readouterr() == ("", "error: no/such/dir: no such directory\n")
     (tmp_path / "empty").mkdir()
     assert S.main([str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'empty'}: no readable runs\n"
@@ -375,6 +372,13 @@ def test_tensorboard_bands_name_each_setting_and_replace_an_earlier_summary(tmp_
     assert values("upper/loss/train")[2] == pytest.approx(2.5 * factor, rel=1e-6)
     assert values("lower/loss/train")[1] == values("upper/loss/train")[1] == 4.0  # s = 0
     assert values("lower/loss/train")[3] == values("upper/loss/train")[3] == 2.0  # one seed
+
+    seeds = tmp_path / "seeds"  # only the seed varies: one group, all runs
+    for seed in range(2):
+        write_run(seeds / f"s{seed}", ["clip=0.1", f"seed={seed}"], ending_at(2.0 + seed))
+    assert S.main([str(seeds), "--tensorboard"]) == 0
+    assert sorted(p.name for p in (seeds / "summary_tb").iterdir()) == ["settings.csv",
+                                                                         "sweep-all"]
 
 
 def test_a_search_is_summarized_with_its_history_and_best_value(tmp_path, capsys):
