@@ -264,7 +264,8 @@ def equivalents(section: str = "equivalent") -> dict[str, str]:
         for line in EQUIVALENTS.read_text().splitlines():
             if line.startswith("## "):
                 into = found["elsewhere" if line.startswith(ELSEWHERE) else "equivalent"]
-            m = re.match(r"\|\s*`(gradexp\.[^`]+__mutmut_\d+)`\s*\|(.*)\|\s*$", line)
+            m = re.match(r"\|\s*`((?:gradexp|hydra_plugins)\.[^`]+__mutmut_\d+)`\s*\|(.*)\|\s*$",
+                         line)
             if m:
                 into[m.group(1)] = m.group(2).strip()
     return found[section]
