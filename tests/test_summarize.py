@@ -218,10 +218,10 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().err == ("error: --baseline clip=none: clip is not a swept key "
                                        "(keys: layer.scale)\n")
     write_run(tmp_path / "two" / "a", ["clip=0.1", "layer.scale=1", "seed=0"], ending_at(1.0))
-    write_run(tmp_path / "two" / "b", ["clip=0.1", "layer.scale=3", "seed=0"], ending_at(1.0))
-    assert S.main([str(tmp_path / "two"), "--baseline", "layer.scale=1,clip=0.1"]) == 2
-    assert capsys.readouterr().err == ("error: --baseline clip=0.1: clip is not a swept key "
-                                       "(keys: layer.scale)\n")
+    write_run(tmp_path / "two" / "b", ["clip=1", "layer.scale=3", "seed=0"], ending_at(1.0))
+    assert S.main([str(tmp_path / "two"), "--baseline", "layer.scale=1,seed=0"]) == 2
+    assert capsys.readouterr().err == ("error: --baseline seed=0: seed is not a swept key "
+                                       "(keys: clip, layer.scale)\n")
     for seed in range(2):
         write_run(tmp_path / "seeds" / f"s{seed}", ["clip=0.1", f"seed={seed}"], ending_at(1.0))
     assert S.main([str(tmp_path / "seeds"), "--baseline", "clip=0.1"]) == 2
