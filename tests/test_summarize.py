@@ -114,6 +114,7 @@ def test_each_option_is_checked_at_the_ends_of_its_range(capsys):
             ("--spike-factor", "0", "0: must be positive"),
             ("--spike-score-window", "-1", "-1: must be positive"),
             ("--spike-window", "2.5", "invalid int value: '2.5'"),
+            ("--target-loss", "low", "invalid float value: 'low'"),
             ("--baseline", "=null", "'=null': expected KEY=VALUE[,KEY=VALUE...], each key once, "
                                     "e.g. clip=null"),
             ("--baseline", "clip", "'clip': expected KEY=VALUE[,KEY=VALUE...], each key once, "
