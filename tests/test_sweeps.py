@@ -81,6 +81,28 @@ def test_basic_launcher(basic_sweep):
     assert (sweep_dir / "0" / ".hydra" / "overrides.yaml").read_text().count("clip=null") == 1
 
 
+@pytest.mark.parametrize("launcher", ["basic", "gradexp"])
+def test_a_sweep_into_a_taken_directory_trains_its_own_runs_beside_it(tmp_path, monkeypatch,
+                                                                      launcher):
+    """Two sweeps started in the same second share multirun/<date>/<time>/ (here both are
+    given `hydra.sweep.dir=taken`): the second moves to taken_1, and its jobs train there,
+    not in the first's job directories (where a finished run would be kept as theirs)."""
+    from fake_runs import ending_at, write_run
+
+    from conftest import in_this_process
+
+    monkeypatch.chdir(tmp_path)
+    first = write_run(tmp_path / "taken" / "0", ["clip=5"], ending_at(1.0))
+    before = (first / "summary.json").read_text()
+    in_this_process(monkeypatch, "-m", f"hydra/launcher={launcher}", *TINY, "clip=0.1,1",
+                    "hydra.sweep.dir=taken")
+    assert (first / "summary.json").read_text() == before
+    assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["0"]
+    done = runs(tmp_path / "taken_1")
+    assert {k: (s["status"], s["config"]["clip"]) for k, s in done.items()} == {
+        "0": ("completed", 0.1), "1": ("completed", 1.0)}
+
+
 def test_joblib_launcher_runs_do_not_leak_into_each_other(tmp_path):
     """Two workers for six runs, so workers are reused; seed 1 twice per clip setting: job 1
     starts a fresh worker, job 2 a reused one, and their tables must be identical."""

@@ -14,7 +14,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
 from gradexp.config.base import ConfigError, schema_keys
@@ -108,6 +108,10 @@ def compose_once(loader: ConfigLoader, master: DictConfig) -> None:
     run it: ~0.25 s each, on the critical path of a sweep of short runs. The first compose is
     kept; the later calls with the same master config and overrides get a deep copy of it
     (a launcher and `run_job` write into the config they get).
+
+    Each job gets the master's `hydra.sweep.dir` as it is at the call: Hydra composes a job's
+    again from the overrides, which would undo the callbacks' move of a taken directory (to
+    `<dir>_1`) and send the jobs into the other sweep's runs.
     """
     load = loader.load_sweep_config
     composed: dict[tuple[str, ...], DictConfig] = {}
@@ -118,6 +122,9 @@ def compose_once(loader: ConfigLoader, master: DictConfig) -> None:
         key = tuple(sweep_overrides)
         if key not in composed:
             composed[key] = load(master_config, list(sweep_overrides))
-        return copy.deepcopy(composed[key])
+        job = copy.deepcopy(composed[key])
+        with read_write(job.hydra.sweep):  # as written: an interpolation stays one
+            job.hydra.sweep.dir = OmegaConf.to_container(master.hydra.sweep)["dir"]
+        return job
 
     loader.load_sweep_config = load_sweep_config

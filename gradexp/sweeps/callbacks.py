@@ -71,6 +71,8 @@ class Checks(Callback):
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None,
                           **kwargs: Any) -> None:
         searching = is_search(config)
+        if not resumes_a_sweep(config):  # its directory is the sweep's own
+            _never_reuse(config.hydra.sweep, "dir")
         loader = GlobalHydra.instance().hydra.config_loader
         compose_once(loader, config)  # the sweeper and the launcher reuse the configs made here
 
@@ -90,10 +92,8 @@ class Checks(Callback):
             return jobs
 
         jobs = _exit_if_invalid(check_all_jobs)
-        if resumes_a_sweep(config):  # its directory and HParams record are the sweep's own
-            return
-        _never_reuse(config.hydra.sweep, "dir")
-        if searching:  # the search writes it when its trials are known
+        if resumes_a_sweep(config) or searching:  # a resumed sweep has its HParams record;
+            return  # the search writes it when its trials are known
             return
         from gradexp.training.logs import write_hparams_config
 
