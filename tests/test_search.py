@@ -123,18 +123,53 @@ def test_the_objective_ranks_a_diverged_run_after_every_finite_one():
 def test_a_search_through_the_entry_point_in_this_process_tells_optuna_each_trial(
         tmp_path, monkeypatch):
     """The search sweeper run here (mutation testing sees only this process): the enqueued
-    clip=100 is tried first and diverges (+inf, ranked last); the sampled trial's value is its
-    run's final loss; search.csv has a row a trial, each naming its job."""
+    clip=100 is tried first, without Optuna's warning that it lies outside the range, and
+    diverges (+inf, ranked last); the sampled trial's value is its run's final loss; search.csv
+    has a row a trial, each naming its job; the space and the best trial are logged; the sweep
+    directory is made with its parents."""
+    import logging
+    import warnings
+
     from conftest import in_this_process
 
     monkeypatch.chdir(tmp_path)
-    in_this_process(monkeypatch, "-m", "hydra/sweeper=optuna",
-                    "clip=tag(log, interval(0.001, 0.05))", "seed=0", "hydra.sweeper.n_trials=2",
-                    "hydra.sweeper.enqueue=[{clip: 100}]", *TINY, "hydra.sweep.dir=search")
-    rows = pd.read_csv(tmp_path / "search" / "search.csv")
+    logged = logging.Handler()  # the sweeper's lines (Hydra's logging config replaces the
+    logged.emit = lambda record: lines.append(record.getMessage())  # root's handlers)
+    lines: list[str] = []
+    monkeypatch.setattr(logging.getLogger("gradexp.sweeps.search.sweeper"), "handlers", [logged])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        in_this_process(monkeypatch, "-m", "hydra/sweeper=optuna",
+                        "clip=tag(log, interval(0.001, 0.05))", "seed=0",
+                        "hydra.sweeper.n_trials=2", "hydra.sweeper.enqueue=[{clip: 100}]", *TINY,
+                        "hydra.sweep.dir=deep/er/search")
+    assert not [w for w in caught if "out of range" in str(w.message)]
+    sweep_dir = tmp_path / "deep" / "er" / "search"
+    rows = pd.read_csv(sweep_dir / "search.csv")
     assert list(rows["trial"]) == [0, 1] and list(rows["state"]) == ["complete"] * 2
     assert rows["clip"][0] == 100 and 0.001 <= rows["clip"][1] <= 0.05
     assert rows["value"][0] == math.inf and list(rows["diverged"]) == [1, 0]
     assert list(rows["jobs"]) == [0, 1]  # each trial's one job, by its directory
-    found = summaries(tmp_path / "search")
+    found = summaries(sweep_dir)
     assert rows["value"][1] == found["1"]["final_loss"] and found["0"]["status"] == "diverged"
+    assert lines[0] == ("search: 2 trials of clip in [0.001, 0.05] (log scale), each over one "
+                         "seed; objective final_loss (lower is better; a diverged run ranks last)")
+    assert lines[-1] == (f"search: best clip={rows['clip'][1]:.4g} (trial 1): final_loss "
+                          f"{rows['value'][1]:.6g}; history in search.csv".replace(
+                              "search.csv", str(Path("deep/er/search/search.csv"))))
+
+
+def test_the_sampler_seed_decides_the_points_a_search_asks_for(tmp_path, monkeypatch):
+    """Two searches with sampler_seed 3 ask for the same first point, one with 4 for another."""
+    from conftest import in_this_process
+
+    monkeypatch.chdir(tmp_path)
+
+    def first_clip(seed: int, name: str) -> float:
+        in_this_process(monkeypatch, "-m", "hydra/sweeper=optuna", "seed=0",
+                        "clip=tag(log, interval(0.001, 0.05))", "hydra.sweeper.n_trials=1",
+                        f"hydra.sweeper.sampler_seed={seed}", *TINY, "trainer.steps=10",
+                        "trainer.eval_every=10", f"hydra.sweep.dir={name}")
+        return float(pd.read_csv(tmp_path / name / "search.csv")["clip"][0])
+
+    assert first_clip(3, "a") == first_clip(3, "b") != first_clip(4, "c")

@@ -38,10 +38,11 @@ class SearchSweeper(Sweeper):
     """Settings (hydra.sweeper.*): see conf/hydra/sweeper/optuna.yaml and
     gradexp.sweeps.search.space."""
 
+    config: DictConfig  # the sweep's, and the launcher it hands the jobs to: from `setup`
+    launcher: Any
+
     def __init__(self, **settings: Any) -> None:
-        self.settings = settings  # checked with the whole space in `sweep` (and by Checks)
-        self.config: DictConfig | None = None
-        self.launcher = None
+        """`settings`: hydra.sweeper.*, read with the whole space from `config` in `sweep`."""
 
     def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
         self.config = config
