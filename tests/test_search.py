@@ -152,6 +152,7 @@ def test_a_search_through_the_entry_point_in_this_process_tells_optuna_each_tria
     assert list(rows["jobs"]) == [0, 1]  # each trial's one job, by its directory
     found = summaries(sweep_dir)
     assert rows["value"][1] == found["1"]["final_loss"] and found["0"]["status"] == "diverged"
+    assert hparams_domain(sweep_dir, "clip") == sorted(["100.0", str(float(rows["clip"][1]))])
     assert lines[0] == ("search: 2 trials of clip in [0.001, 0.05] (log scale), each over one "
                          "seed; objective final_loss (lower is better; a diverged run ranks last)")
     assert lines[-1] == (f"search: best clip={rows['clip'][1]:.4g} (trial 1): final_loss "
@@ -159,17 +160,36 @@ def test_a_search_through_the_entry_point_in_this_process_tells_optuna_each_tria
                               "search.csv", str(Path("deep/er/search/search.csv"))))
 
 
-def test_the_sampler_seed_decides_the_points_a_search_asks_for(tmp_path, monkeypatch):
-    """Two searches with sampler_seed 3 ask for the same first point, one with 4 for another."""
+def hparams_domain(sweep_dir: Path, key: str) -> list:
+    """The values of `key` in the HParams experiment at the sweep's root: those of every job."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    events = EventAccumulator(str(sweep_dir))
+    events.Reload()
+    content = events.SummaryMetadata("_hparams_/experiment").plugin_data.content
+    infos = plugin_data_pb2.HParamsPluginData.FromString(content).experiment.hparam_infos
+    (info,) = [i for i in infos if i.name == key]
+    return sorted(getattr(v, v.WhichOneof("kind")) for v in info.domain_discrete.values)
+
+
+def test_the_sampler_seed_decides_the_points_and_n_jobs_the_batches(tmp_path, monkeypatch):
+    """Two searches with sampler_seed 3 ask for the same first point, one with 4 for another;
+    5 trials in batches of n_jobs=2 (2, 2, 1) are 5 jobs, numbered 0-4 across the batches."""
     from conftest import in_this_process
 
     monkeypatch.chdir(tmp_path)
 
-    def first_clip(seed: int, name: str) -> float:
+    def search(name: str, *settings: str) -> pd.DataFrame:
         in_this_process(monkeypatch, "-m", "hydra/sweeper=optuna", "seed=0",
-                        "clip=tag(log, interval(0.001, 0.05))", "hydra.sweeper.n_trials=1",
-                        f"hydra.sweeper.sampler_seed={seed}", *TINY, "trainer.steps=10",
-                        "trainer.eval_every=10", f"hydra.sweep.dir={name}")
-        return float(pd.read_csv(tmp_path / name / "search.csv")["clip"][0])
+                        "clip=tag(log, interval(0.001, 0.05))", *settings, *TINY,
+                        "trainer.steps=10", "trainer.eval_every=10", f"hydra.sweep.dir={name}")
+        return pd.read_csv(tmp_path / name / "search.csv")
 
-    assert first_clip(3, "a") == first_clip(3, "b") != first_clip(4, "c")
+    batched = search("a", "hydra.sweeper.sampler_seed=3", "hydra.sweeper.n_trials=5",
+                     "hydra.sweeper.n_jobs=2")
+    assert list(batched["trial"]) == [0, 1, 2, 3, 4] and list(batched["jobs"]) == [0, 1, 2, 3, 4]
+    assert sorted(summaries(tmp_path / "a")) == ["0", "1", "2", "3", "4"]
+    first = search("b", "hydra.sweeper.sampler_seed=3", "hydra.sweeper.n_trials=1")["clip"][0]
+    other = search("c", "hydra.sweeper.sampler_seed=4", "hydra.sweeper.n_trials=1")["clip"][0]
+    assert batched["clip"][0] == first != other
