@@ -198,10 +198,19 @@ def test_a_run_has_one_writer_and_the_refusal_names_the_holder(tmp_path):
 
 
 def test_the_holder_is_read_again_while_its_file_is_empty(tmp_path):
+    """A holder writes its line just after it takes the lock: an empty file is read again
+    until the line comes (here 0.2 s later) or `wait` runs out; bytes that are no UTF-8 are
+    shown replaced, never an error."""
+    import threading
+
     path = tmp_path / rundir.LOCK
     path.write_text("")
     fd = os.open(path, os.O_RDONLY)
     assert runlock._holder(fd, wait=0.1) == "a process that has not written its pid yet"
-    path.write_text("pid 7 on here\n")
-    assert runlock._holder(fd, wait=0.1) == "pid 7 on here"
+    late = threading.Timer(0.2, path.write_text, ["pid 7 on here\n"])
+    late.start()
+    assert runlock._holder(fd, wait=30) == "pid 7 on here"
+    late.join()
+    path.write_bytes(b"pid 8 on h\xffst\n")
+    assert runlock._holder(fd, wait=0.1) == "pid 8 on h\ufffdst"
     os.close(fd)
