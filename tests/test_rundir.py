@@ -195,6 +195,13 @@ def test_a_run_has_one_writer_and_the_refusal_names_the_holder(tmp_path):
     fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free now
     os.close(probe)
     runlock.release(tmp_path)  # not held: nothing
+    fresh = tmp_path / "fresh"  # a lock file hold makes: read-write, not executable
+    fresh.mkdir()
+    runlock.hold(fresh)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (fresh / rundir.LOCK).stat().st_mode & 0o777 == 0o644 & ~umask
+    runlock.release(fresh)
 
 
 def test_the_holder_is_read_again_while_its_file_is_empty(tmp_path):
