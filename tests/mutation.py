@@ -161,7 +161,8 @@ GROUPS = {
     "data": (["gradexp/parts/data.py"],
              in_process("tests/test_data.py", "tests/test_user_data.py")),
     "logs": (["gradexp/training/logs.py", "gradexp/runs/write_errors.py"],
-             in_process("tests/test_train.py", "tests/test_robustness.py", "tests/test_faults.py",
+             in_process("tests/test_logs.py", "tests/test_train.py", "tests/test_robustness.py",
+                        "tests/test_faults.py",
                         "tests/test_sweeps.py", "tests/test_sweep_resume.py")),
     "models": (["gradexp/parts/models.py"],  # (test_mnist1d_models needs experiments/: not copied)
                in_process("tests/test_models.py", "tests/test_by_hand.py",

@@ -298,7 +298,7 @@ def test_only_a_write_that_failed_is_called_one(tmp_path):
     import errno
 
     from gradexp._tf import tf
-    from gradexp.runs.write_errors import WriteFailed, explain, writing
+    from gradexp.runs.write_errors import WriteFailed, explain, reason, writing
 
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "summary.json.tmp"))
     assert explain(full) == f"cannot write: No space left on device ({full.filename})"
@@ -314,6 +314,16 @@ def test_only_a_write_that_failed_is_called_one(tmp_path):
     with pytest.raises(KeyError):
         with writing("the checkpoint", tmp_path, 7):
             raise KeyError("a bug stays a bug")
+    assert explain(WriteFailed("cannot write x in y at step 1: z")) == (
+        "cannot write x in y at step 1: z")
+    # TensorFlow's: the op's name around it dropped; any kind whose text says the disk is full
+    noisy = tf.errors.ResourceExhaustedError(
+        None, None, "{{function_node __inference_save_9}} ck.data; No space left on device "
+                    "[Op:SaveV2]")
+    unknown = tf.errors.UnknownError(None, None, "ev.tfevents; No space left on device")
+    other = tf.errors.InvalidArgumentError(None, None, "shapes differ")
+    assert [reason(e) for e in (noisy, unknown, other)] == [
+        "ck.data; No space left on device", "ev.tfevents; No space left on device", None]
 
 
 def test_a_sweep_on_a_full_disk_goes_on_to_its_other_runs(tmp_path):

@@ -1,0 +1,86 @@
+"""A run's TensorBoard records beyond the per-step scalars (gradexp/training/logs.py), read back
+with TensorBoard's own loader: the gradient histograms of finite values at their step, a
+histogram that cannot be written in one line, and a sweep's HParams experiment."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from gradexp.runs.write_errors import WriteFailed
+from gradexp.training import logs
+
+NAMES = ["loss/train", "grad_norm/global"]
+
+
+def test_histograms_count_the_finite_values_at_their_step(make_cfg, tmp_path):
+    """A kernel with a NaN and an infinity among 6 values: its histogram counts the 4 finite
+    ones (bucket edges from their min to their max); a bias without any: its 3 values."""
+    run = logs.RunLog(tmp_path, NAMES, make_cfg())
+    kernel = np.array([[0.0, np.nan, 1.0], [2.0, np.inf, 4.0]], np.float32)
+    run.histograms(7, {"gradients/dense/kernel": kernel,
+                       "gradients/dense/bias": np.array([1.0, 1.0, 3.0])})
+    run.close(7, {})
+    events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    events.Reload()
+    assert {"gradients/dense/kernel", "gradients/dense/bias"} <= set(events.Tags()["tensors"])
+    (kernel_event,) = events.Tensors("gradients/dense/kernel")
+    table = np.frombuffer(kernel_event.tensor_proto.tensor_content, "<f8").reshape(30, 3)
+    assert kernel_event.step == 7 and table[:, 2].sum() == 4
+    assert (table[0, 0], table[-1, 1]) == (0.0, 4.0)
+    (bias_event,) = events.Tensors("gradients/dense/bias")
+    bias = np.frombuffer(bias_event.tensor_proto.tensor_content, "<f8").reshape(30, 3)
+    assert bias[:, 2].sum() == 3 and (bias[0, 2], bias[-1, 2]) == (2, 1)
+
+
+def test_a_histogram_that_cannot_be_written_is_one_line(make_cfg, tmp_path, monkeypatch):
+    run = logs.RunLog(tmp_path, NAMES, make_cfg())
+
+    def full(step, summary):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(run.events, "summary", full)
+    run.histograms(200, {"gradients/dense/kernel": np.ones(4)})
+    with pytest.raises(WriteFailed) as failed:
+        logs.flush()
+    assert str(failed.value) == (f"cannot write the event file in {tmp_path} at step 200: "
+                                 "No space left on device")
+    run.events.close()
+    run._table_file.close()
+
+
+def test_a_sweeps_hparams_experiment_lists_every_value_and_the_final_metrics(tmp_path):
+    """A key with one type keeps its values; one whose values mix numbers and strings (a key
+    of a new schema) lists them all as strings; the metrics are the final ones. The sweep's
+    directory is made with its parents."""
+    from dataclasses import dataclass
+
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    @dataclass
+    class One:  # two schemas that type `a` differently, neither lets a key be null
+        a: int = 1
+        b: float = 0.5
+
+    @dataclass
+    class Other:
+        a: str = "x"
+        b: float = 2.0
+
+    configs = [OmegaConf.structured(One), OmegaConf.structured(Other)]
+    sweep_dir = tmp_path / "multirun" / "sweep"
+    logs.write_hparams_config(sweep_dir, configs)
+    events = EventAccumulator(str(sweep_dir))
+    events.Reload()
+    content = events.SummaryMetadata("_hparams_/experiment").plugin_data.content
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
+    domains = {info.name: [getattr(v, v.WhichOneof("kind")) for v in info.domain_discrete.values]
+               for info in experiment.hparam_infos}
+    assert domains == {"a": ["1", "x"], "b": [0.5, 2.0]}
+    assert [m.name.tag for m in experiment.metric_infos] == [
+        "final/loss", "final/val_loss", "final/val_accuracy"]
