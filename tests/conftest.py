@@ -62,6 +62,21 @@ def events(run_dir):
     return acc
 
 
+def hparams_experiment(sweep_dir):
+    """The HParams experiment at a sweep's root, as TensorBoard's loader reads it: its
+    `domains` ({key: the listed values}) and its `metrics` (their tags)."""
+    from types import SimpleNamespace
+
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    content = events(sweep_dir).SummaryMetadata("_hparams_/experiment").plugin_data.content
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
+    return SimpleNamespace(
+        domains={info.name: [getattr(v, v.WhichOneof("kind")) for v in
+                             info.domain_discrete.values] for info in experiment.hparam_infos},
+        metrics=[m.name.tag for m in experiment.metric_infos])
+
+
 def event_scalars(acc, tag):
     """A scalar tag's values, in step order, as float32 (TF2 writes scalars as tensors)."""
     import numpy as np

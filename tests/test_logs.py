@@ -60,7 +60,7 @@ def test_a_sweeps_hparams_experiment_lists_every_value_and_the_final_metrics(tmp
     directory is made with its parents."""
     from dataclasses import dataclass
 
-    from tensorboard.plugins.hparams import plugin_data_pb2
+    from conftest import hparams_experiment
 
     @dataclass
     class One:  # two schemas that type `a` differently, neither lets a key be null
@@ -75,12 +75,6 @@ def test_a_sweeps_hparams_experiment_lists_every_value_and_the_final_metrics(tmp
     configs = [OmegaConf.structured(One), OmegaConf.structured(Other)]
     sweep_dir = tmp_path / "multirun" / "sweep"
     logs.write_hparams_config(sweep_dir, configs)
-    events = EventAccumulator(str(sweep_dir))
-    events.Reload()
-    content = events.SummaryMetadata("_hparams_/experiment").plugin_data.content
-    experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
-    domains = {info.name: [getattr(v, v.WhichOneof("kind")) for v in info.domain_discrete.values]
-               for info in experiment.hparam_infos}
-    assert domains == {"a": ["1", "x"], "b": [0.5, 2.0]}
-    assert [m.name.tag for m in experiment.metric_infos] == [
-        "final/loss", "final/val_loss", "final/val_accuracy"]
+    experiment = hparams_experiment(sweep_dir)
+    assert experiment.domains == {"a": ["1", "x"], "b": [0.5, 2.0]}
+    assert experiment.metrics == ["final/loss", "final/val_loss", "final/val_accuracy"]

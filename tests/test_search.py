@@ -130,7 +130,7 @@ def test_a_search_through_the_entry_point_in_this_process_tells_optuna_each_tria
     import logging
     import warnings
 
-    from conftest import in_this_process
+    from conftest import hparams_experiment, in_this_process
 
     monkeypatch.chdir(tmp_path)
     logged = logging.Handler()  # the sweeper's lines (Hydra's logging config replaces the
@@ -152,25 +152,13 @@ def test_a_search_through_the_entry_point_in_this_process_tells_optuna_each_tria
     assert list(rows["jobs"]) == [0, 1]  # each trial's one job, by its directory
     found = summaries(sweep_dir)
     assert rows["value"][1] == found["1"]["final_loss"] and found["0"]["status"] == "diverged"
-    assert hparams_domain(sweep_dir, "clip") == sorted(["100.0", str(float(rows["clip"][1]))])
+    assert hparams_experiment(sweep_dir).domains["clip"] == sorted(
+        ["100.0", str(float(rows["clip"][1]))])
     assert lines[0] == ("search: 2 trials of clip in [0.001, 0.05] (log scale), each over one "
                          "seed; objective final_loss (lower is better; a diverged run ranks last)")
     assert lines[-1] == (f"search: best clip={rows['clip'][1]:.4g} (trial 1): final_loss "
                           f"{rows['value'][1]:.6g}; history in search.csv".replace(
                               "search.csv", str(Path("deep/er/search/search.csv"))))
-
-
-def hparams_domain(sweep_dir: Path, key: str) -> list:
-    """The values of `key` in the HParams experiment at the sweep's root: those of every job."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.plugins.hparams import plugin_data_pb2
-
-    events = EventAccumulator(str(sweep_dir))
-    events.Reload()
-    content = events.SummaryMetadata("_hparams_/experiment").plugin_data.content
-    infos = plugin_data_pb2.HParamsPluginData.FromString(content).experiment.hparam_infos
-    (info,) = [i for i in infos if i.name == key]
-    return sorted(getattr(v, v.WhichOneof("kind")) for v in info.domain_discrete.values)
 
 
 def test_the_sampler_seed_decides_the_points_and_n_jobs_the_batches(tmp_path, monkeypatch):

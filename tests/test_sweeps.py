@@ -224,9 +224,7 @@ def test_an_hparam_has_one_type_in_every_run_whichever_method_the_run_uses(make_
     the number 20.0 in another put the number outside the sweep's string domain, and
     TensorBoard hid those runs, tensorboard#2942), and every run's value is in the domain of the
     sweep's HParams experiment."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.plugins.hparams import plugin_data_pb2
-
+    from conftest import hparams_experiment
     from gradexp.training.logs import hparams, write_hparams_config
 
     configs = [make_cfg("clipping=global_norm"), make_cfg("clipping=norm"),
@@ -237,12 +235,7 @@ def test_an_hparam_has_one_type_in_every_run_whichever_method_the_run_uses(make_
     for key in set().union(*runs):
         assert len({type(r[key]) for r in runs if key in r}) == 1, key
     write_hparams_config(tmp_path, configs)
-    events = EventAccumulator(str(tmp_path))
-    events.Reload()
-    content = events.SummaryMetadata("_hparams_/experiment").plugin_data.content
-    experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
-    domains = {info.name: [getattr(v, v.WhichOneof("kind")) for v in info.domain_discrete.values]
-               for info in experiment.hparam_infos}
+    domains = hparams_experiment(tmp_path).domains
     for run in runs:
         for key, value in run.items():  # a string among strings, a number among numbers
             assert any(value == v and isinstance(value, str) == isinstance(v, str)
