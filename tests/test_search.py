@@ -168,16 +168,16 @@ def test_the_sampler_seed_decides_the_points_and_n_jobs_the_batches(tmp_path, mo
 
     monkeypatch.chdir(tmp_path)
 
-    def search(name: str, *settings: str) -> pd.DataFrame:
+    def searched(name: str, *settings: str) -> pd.DataFrame:
         in_this_process(monkeypatch, "-m", "hydra/sweeper=optuna", "seed=0",
                         "clip=tag(log, interval(0.001, 0.05))", *settings, *TINY,
                         "trainer.steps=10", "trainer.eval_every=10", f"hydra.sweep.dir={name}")
         return pd.read_csv(tmp_path / name / "search.csv")
 
-    batched = search("a", "hydra.sweeper.sampler_seed=3", "hydra.sweeper.n_trials=5",
+    batched = searched("a", "hydra.sweeper.sampler_seed=3", "hydra.sweeper.n_trials=5",
                      "hydra.sweeper.n_jobs=2")
     assert list(batched["trial"]) == [0, 1, 2, 3, 4] and list(batched["jobs"]) == [0, 1, 2, 3, 4]
     assert sorted(summaries(tmp_path / "a")) == ["0", "1", "2", "3", "4"]
-    first = search("b", "hydra.sweeper.sampler_seed=3", "hydra.sweeper.n_trials=1")["clip"][0]
-    other = search("c", "hydra.sweeper.sampler_seed=4", "hydra.sweeper.n_trials=1")["clip"][0]
+    first = searched("b", "hydra.sweeper.sampler_seed=3", "hydra.sweeper.n_trials=1")["clip"][0]
+    other = searched("c", "hydra.sweeper.sampler_seed=4", "hydra.sweeper.n_trials=1")["clip"][0]
     assert batched["clip"][0] == first != other
