@@ -88,6 +88,8 @@ def _in_process(file: str) -> list[str]:
         own = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
         own |= {n.id for n in ast.walk(function)
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        own |= {n.name for n in ast.walk(function) if n is not function  # its own helpers
+                and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
         loaded = {n.id for n in ast.walk(function)
                   if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         takes_fixtures = name.startswith("test_") or any(
