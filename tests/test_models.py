@@ -274,3 +274,62 @@ def test_rnn_readout_all_feeds_every_step_to_the_head(make_cfg):
     last = models.build(make_cfg("model=rnn", "model.cell=gru", "model.units=6",
                                  "dataset=adding").model, config.clip_spec(cfg), (7, 2), 3)
     assert last.get_layer("head").kernel.shape == (6, 3)  # readout=last: the final state only
+
+
+def shapes(model) -> dict[str, list[tuple[int, ...]]]:
+    """{layer name: the shapes of its trainable weights} of the layers that have any (a clip
+    layer's statistics are not trained)."""
+    return {layer.name: [tuple(w.shape) for w in layer.trainable_weights]
+            for layer in model.layers if layer.trainable_weights}
+
+
+@pytest.mark.parametrize(("overrides", "input_shape", "expected"), [
+    # Dense: kernel (inputs, units) and bias (units,); the head has 3 outputs
+    (["model=mlp", "model.depth=2", "model.width=8"], (4,),
+     {"dense_1": [(4, 8), (8,)], "dense_2": [(8, 8), (8,)], "head": [(8, 3), (3,)]}),
+    # conv_i has filters·2^(i-1) filters of kernel_size²·channels; two same-padded 2×2 pools:
+    # 8×8 → 4×4 → 2×2, so dense_1 reads 2·2·8 = 32 values
+    (["model=cnn", "model.filters=4", "model.kernel_size=3", "model.width=8"], (8, 8, 1),
+     {"conv_1": [(3, 3, 1, 4), (4,)], "conv_2": [(3, 3, 4, 8), (8,)], "dense_1": [(32, 8), (8,)],
+      "head": [(8, 3), (3,)]}),
+    # a sequence (T=9, F=2): 1-D convolutions along T, 9 → 5 → 3 steps (same padding)
+    (["model=cnn", "model.filters=4", "model.kernel_size=5", "model.width=8", "model.blocks=2"],
+     (9, 2), {"conv_1": [(5, 2, 4), (4,)], "conv_2": [(5, 4, 8), (8,)],
+              "dense_1": [(3 * 8, 8), (8,)], "head": [(8, 3), (3,)]}),
+    # an LSTM cell: 4 gates of `units`; the second layer reads the first's sequence; an image
+    # (6, 5, 1) is read row by row: 6 steps of 5 features
+    (["model=rnn", "model.cell=lstm", "model.units=8", "model.layers=2"], (6, 5, 1),
+     {"rnn_1": [(5, 32), (8, 32), (32,)], "rnn_2": [(8, 32), (8, 32), (32,)],
+      "head": [(8, 3), (3,)]}),
+    # a GRU cell: 3 gates, Keras's reset_after: two biases each
+    (["model=rnn", "model.cell=gru", "model.units=4"], (7, 2),
+     {"rnn_1": [(2, 12), (4, 12), (2, 12)], "head": [(4, 3), (3,)]}),
+    (["model=rnn", "model.cell=simple", "model.units=4"], (7, 2),
+     {"rnn_1": [(2, 4), (4, 4), (4,)], "head": [(4, 3), (3,)]}),
+    # the transformer: embed, a (T, width) position matrix, per block attention (heads ×
+    # width/heads per query, key and value, and the output back to width), an MLP, two norms
+    (["model=transformer", "model.blocks=1", "model.width=8", "model.heads=2",
+      "model.mlp_width=16"], (5, 3),
+     {"embed": [(3, 8), (8,)], "position": [(5, 8)],
+      "attn_1_norm": [(8,), (8,)], "attn_1": [(8, 2, 4), (2, 4), (8, 2, 4), (2, 4), (8, 2, 4),
+                                              (2, 4), (2, 4, 8), (8,)],
+      "mlp_1_norm": [(8,), (8,)], "mlp_1_in": [(8, 16), (16,)], "mlp_1_out": [(16, 8), (8,)],
+      "final_norm": [(8,), (8,)], "head": [(8, 3), (3,)]}),
+])
+def test_each_models_layers_have_the_shapes_worked_out_by_hand(make_cfg, overrides, input_shape,
+                                                               expected):
+    cfg = make_cfg(*overrides)
+    model = models.build(cfg.model, config.clip_spec(cfg), input_shape, 3)
+    assert shapes(model) == expected
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_the_hidden_layers_take_the_configured_activation_and_initializer(make_cfg, name):
+    cfg = make_cfg(f"model={name}", "model.activation=tanh", "model.initializer=lecun_normal",
+                   "model.width=8")
+    model = models.build(cfg.model, config.clip_spec(cfg), (8, 8, 1), 3)
+    hidden = [layer for layer in model.layers if layer.name.startswith(("dense_", "conv_"))]
+    assert hidden and {layer.activation.__name__ for layer in hidden} == {"tanh"}
+    assert model.get_layer("head").activation.__name__ == "linear"
+    assert {type(layer.kernel_initializer).__name__ for layer in [*hidden, model.get_layer(
+        "head")]} == {"LecunNormal"}
