@@ -181,3 +181,31 @@ def test_the_sampler_seed_decides_the_points_and_n_jobs_the_batches(tmp_path, mo
     first = searched("b", "hydra.sweeper.sampler_seed=3", "hydra.sweeper.n_trials=1")["clip"][0]
     other = searched("c", "hydra.sweeper.sampler_seed=4", "hydra.sweeper.n_trials=1")["clip"][0]
     assert batched["clip"][0] == first != other
+
+
+def test_a_sampled_point_whose_config_fails_ends_the_search_in_one_line(tmp_path, monkeypatch):
+    """The corners of the space are checked before the search, but a check need not hold
+    between them: widths 8-16 in steps of 2 with 4 heads pass at 8 and 16, not at 10 or 14. The
+    first trial at such a width ends the search: one line naming the trial, exit 2; the trials
+    before it stay in search.csv."""
+    import io
+    import re
+    import sys
+
+    from conftest import in_this_process
+
+    monkeypatch.chdir(tmp_path)
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    with pytest.raises(SystemExit) as exit:
+        in_this_process(monkeypatch, "-m", *TINY, "hydra/sweeper=optuna", "seed=0",
+                        "model=transformer", "dataset=adding", "dataset.num_examples=128",
+                        "model.heads=4", "model.width=range(8, 17, 2)", "model.mlp_width=8",
+                        "model.blocks=1", "hydra.sweeper.n_trials=10", "trainer.steps=4",
+                        "trainer.eval_every=4", "hydra.sweep.dir=search")
+    assert exit.value.code == 2
+    line = err.getvalue().strip()
+    assert re.fullmatch(r"error: search trial (\d+) \(model\.width=(10|14)\): model\.width=\2: "
+                        r"must be a multiple of heads \(4\)", line), line
+    failed = int(re.search(r"trial (\d+)", line).group(1))
+    assert list(pd.read_csv(tmp_path / "search" / "search.csv")["trial"]) == list(range(failed))
