@@ -560,6 +560,21 @@ def test_every_launcher_and_sweeper_key_is_checked_in_one_line(overrides, messag
     assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize(("overrides", "key"),
+                         [(a, k) for a, k in AT_THE_COMMAND_LINE
+                          if "hydra/sweeper=optuna" not in a],
+                         ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_the_command_lines_bad_settings_are_the_plugin_checks_own(overrides, key):
+    """The command-line cases above, refused by check_plugins in this process too (the search's
+    own settings are its space's: tests/test_search_space.py)."""
+    from gradexp.config import ConfigError
+    from gradexp.config.plugins import check_plugins
+
+    with pytest.raises(ConfigError) as refused:
+        check_plugins(composed_with_hydra(*overrides))
+    assert str(refused.value).startswith(f"{key}: ") and "\n" not in str(refused.value)
+
+
 def test_a_ray_address_is_null_auto_local_or_a_host_and_port():
     from gradexp.config.plugins import LAUNCHERS, RAY
 
