@@ -4,6 +4,7 @@ sweeper and Hydra's basic launcher, then `python -m gradexp.summarize` on its di
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -156,9 +157,36 @@ def test_a_search_through_the_entry_point_in_this_process_tells_optuna_each_tria
         ["100.0", str(float(rows["clip"][1]))])
     assert lines[0] == ("search: 2 trials of clip in [0.001, 0.05] (log scale), each over one "
                          "seed; objective final_loss (lower is better; a diverged run ranks last)")
+    assert lines[1:3] == [
+        "search trial 0 (clip=100): final_loss inf (1 of 1 runs diverged)",
+        f"search trial 1 (clip={rows['clip'][1]:.4g}): final_loss {rows['value'][1]:.6g}"]
     assert lines[-1] == (f"search: best clip={rows['clip'][1]:.4g} (trial 1): final_loss "
                           f"{rows['value'][1]:.6g}; history in search.csv".replace(
                               "search.csv", str(Path("deep/er/search/search.csv"))))
+
+
+def test_a_trial_whose_runs_crash_is_failed_and_the_search_goes_on(tmp_path, monkeypatch):
+    """64 examples of which 51 train, batches of 64: every run fails when it starts training
+    (a check the corners cannot make: it needs the data). Each trial is told to Optuna as
+    failed, logged and recorded so; the search goes on to its last trial; with no trial
+    valued, the best line says so; the sweep exits 1 (runs did not finish)."""
+    from conftest import in_this_process
+
+    monkeypatch.chdir(tmp_path)
+    lines: list[str] = []
+    logged = logging.Handler()
+    logged.emit = lambda record: lines.append(record.getMessage())
+    monkeypatch.setattr(logging.getLogger("gradexp.sweeps.search.sweeper"), "handlers", [logged])
+    with pytest.raises(SystemExit) as exit:
+        in_this_process(monkeypatch, "-m", *TINY, "hydra/sweeper=optuna", "seed=0",
+                        "clip=interval(0.01, 0.05)", "dataset=teacher",
+                        "dataset.num_examples=64", "hydra.sweeper.n_trials=2",
+                        "hydra.sweep.dir=search")
+    assert exit.value.code == 1
+    rows = pd.read_csv(tmp_path / "search" / "search.csv", keep_default_na=False)
+    assert list(rows["state"]) == ["fail", "fail"] and list(rows["value"]) == ["", ""]
+    assert [line.split(": ", 1)[1] for line in lines[1:3]] == ["final_loss failed"] * 2
+    assert lines[-1] == f"search: no trial has a value (see {Path('search/search.csv')})"
 
 
 def test_the_sampler_seed_decides_the_points_and_n_jobs_the_batches(tmp_path, monkeypatch):
