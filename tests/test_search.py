@@ -121,6 +121,16 @@ def test_the_objective_ranks_a_diverged_run_after_every_finite_one():
     assert trial_objective([0.5, None]) is None
 
 
+def sweeper_lines(monkeypatch) -> list[str]:
+    """The search sweeper's log lines, as they are logged (Hydra's logging config replaces the
+    root logger's handlers, so pytest's caplog sees none of them)."""
+    lines: list[str] = []
+    logged = logging.Handler()
+    logged.emit = lambda record: lines.append(record.getMessage())
+    monkeypatch.setattr(logging.getLogger("gradexp.sweeps.search.sweeper"), "handlers", [logged])
+    return lines
+
+
 def test_a_search_through_the_entry_point_in_this_process_tells_optuna_each_trial(
         tmp_path, monkeypatch):
     """The search sweeper run here (mutation testing sees only this process): the enqueued
@@ -128,16 +138,12 @@ def test_a_search_through_the_entry_point_in_this_process_tells_optuna_each_tria
     diverges (+inf, ranked last); the sampled trial's value is its run's final loss; search.csv
     has a row a trial, each naming its job; the space and the best trial are logged; the sweep
     directory is made with its parents."""
-    import logging
     import warnings
 
     from conftest import hparams_experiment, in_this_process
 
     monkeypatch.chdir(tmp_path)
-    logged = logging.Handler()  # the sweeper's lines (Hydra's logging config replaces the
-    logged.emit = lambda record: lines.append(record.getMessage())  # root's handlers)
-    lines: list[str] = []
-    monkeypatch.setattr(logging.getLogger("gradexp.sweeps.search.sweeper"), "handlers", [logged])
+    lines = sweeper_lines(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         in_this_process(monkeypatch, "-m", "hydra/sweeper=optuna",
@@ -173,10 +179,7 @@ def test_a_trial_whose_runs_crash_is_failed_and_the_search_goes_on(tmp_path, mon
     from conftest import in_this_process
 
     monkeypatch.chdir(tmp_path)
-    lines: list[str] = []
-    logged = logging.Handler()
-    logged.emit = lambda record: lines.append(record.getMessage())
-    monkeypatch.setattr(logging.getLogger("gradexp.sweeps.search.sweeper"), "handlers", [logged])
+    lines = sweeper_lines(monkeypatch)
     with pytest.raises(SystemExit) as exit:
         in_this_process(monkeypatch, "-m", *TINY, "hydra/sweeper=optuna", "seed=0",
                         "clip=interval(0.01, 0.05)", "dataset=teacher",
