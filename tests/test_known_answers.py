@@ -131,13 +131,16 @@ def steps_to(x0: float, eta: float, clip: float | None, dtype) -> int | None:
 @pytest.mark.parametrize("x0, plain, clipped", [(3.0, 233, 99), (10.0, 2626, 113),
                                                (30.0, 23677, 153)])
 def test_l0_l1_smooth_quartic_step_counts(known, x0, plain, clipped):
+    """The trainer runs plain gradient descent from x0 = 3 and 10 (233 and 2,626 steps); from
+    30 its 23,677 steps are the recurrence's alone (the trainer's arithmetic is the same at
+    every step, and a run of them would take the suite a minute)."""
     for dtype in (np.float64, np.float32):
         assert steps_to(x0, 1.9 / x0 ** 2, None, dtype) == plain
         assert steps_to(x0, 0.5, 1.0, dtype) == clipped
         assert steps_to(x0, 2.1 / x0 ** 2, None, dtype) is None
-    for name, steps, eta, clipping in [("plain", plain, 1.9 / x0 ** 2, ["clipping=none"]),
-                                       ("clipped", clipped, 0.5,
-                                        ["clipping=value", "clipping.max_value=1.0"])]:
+    trained = [("plain", plain, 1.9 / x0 ** 2, ["clipping=none"]),
+               ("clipped", clipped, 0.5, ["clipping=value", "clipping.max_value=1.0"])]
+    for name, steps, eta, clipping in trained[x0 > 10:]:
         run = known / f"{name}{x0:g}"
         summary = api.run(run, *COMMON, "model.loss=known:quartic", f"model.kwargs.x0={x0}",
                           "dataset.kwargs.values=[0.0]", "trainer.batch_size=1",
