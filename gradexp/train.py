@@ -171,6 +171,7 @@ def main() -> None:
         sweep_dir = resume.sweep_to_resume(sys.argv[1:])
         if sweep_dir is not None:
             sys.argv[1:] = resume.multirun_arguments(sweep_dir, sys.argv[1:])
+        LIST_POSITIONS.clear()  # this call's flag, not an earlier call's in the same process
         if "--positions" in sys.argv:  # list them; a throwaway directory for Hydra's files
             sys.argv.remove("--positions")
             LIST_POSITIONS.append(True)

@@ -13,17 +13,25 @@ Every block is in one of two categories, said by an HTML comment on the line bef
 A page's runnable blocks run in order in one temporary directory, so that a summary finds the
 sweep the block before it made. A `python -m gradexp.train` command runs at a small scale
 (SMALL: the keys not on its command line are added); `<date>/<time>` in a path is the newest
-run or sweep directory there. A console block's command runs as written.
+run or sweep directory there. A console block's command runs as written, in its own process
+(what it prints is the point); a bash block's `python -m gradexp.train` or `gradexp.summarize`
+runs in the test's process, as `python -m` would run it there (`in_process`): TensorFlow is
+imported once a page, not once a command, which was most of a command's time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
+import logging
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,6 +159,53 @@ def run(argv: list[str], work: Path) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=work, env=env, text=True, capture_output=True, timeout=900)
 
 
+IN_PROCESS = ("gradexp.train", "gradexp.summarize")  # modules whose main() in_process calls
+
+
+def in_process(argv: list[str], work: Path) -> tuple[int, str]:
+    """`python -m <module> <args>` (as `python_command` gives it) run in this process, in `work`:
+    its exit status and what it printed. What `python -m` sets up is set up (the working
+    directory first on sys.path, sys.argv) and what a run leaves behind is undone after it (the
+    working directory, sys.path, the user modules it imported from `work`, Hydra's global state,
+    the root logger's handlers); what a run sets for its process (the dtype policy, the seeds,
+    op determinism) every run sets again (gradexp.training.devices.prepare_process)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    module = importlib.import_module(argv[2])
+    saved = (os.getcwd(), list(sys.argv), list(sys.path), set(sys.modules), dict(os.environ))
+    root = logging.getLogger()
+    handlers, level, raise_exceptions = list(root.handlers), root.level, logging.raiseExceptions
+    out = io.StringIO()
+    os.chdir(work)
+    sys.path.insert(0, str(work))
+    sys.argv = [argv[2], *argv[3:]]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            status = module.main() if argv[2] == "gradexp.train" else module.main(argv[3:])
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        GlobalHydra.instance().clear()
+        for handler in set(root.handlers) - set(handlers):
+            root.removeHandler(handler)
+            handler.close()
+        root.setLevel(level)
+        logging.raiseExceptions = raise_exceptions
+        cwd, sys.argv, sys.path[:], modules, environ = saved
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environ)
+        for name in set(sys.modules) - modules:  # a page's own models.py is not the next one's
+            if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(work)):
+                del sys.modules[name]
+    return status or 0, out.getvalue()
+
+
+def trains(command: list[str]) -> bool:
+    """Whether a gradexp command trains (and so writes a run's summary.json)."""
+    return command[2] == "gradexp.train" and not {"--help", "--positions"} & set(command)
+
+
 def run_page(page: Path, work: Path) -> int:
     """Run every runnable block of `page` in `work`; the number of commands and scripts run."""
     done = 0
@@ -179,8 +234,16 @@ def run_page(page: Path, work: Path) -> int:
                 done += 1
         else:
             for argv in commands(block.text):
-                result = run(python_command(argv, work), work)
-                assert result.returncode == 0, (
-                    f"{block}: {shlex.join(argv)}\n{result.stdout[-2000:]}{result.stderr[-3000:]}")
+                command = python_command(argv, work)
+                if command[2] in IN_PROCESS:
+                    began = time.time()
+                    status, output = in_process(command, work)
+                    assert status != 0 or not trains(command) or any(
+                        p.stat().st_mtime >= began for p in work.rglob("summary.json")), (
+                        f"{block}: {shlex.join(argv)} wrote no run\n{output[-5000:]}")
+                else:
+                    result = run(command, work)
+                    status, output = result.returncode, result.stdout + result.stderr
+                assert status == 0, f"{block}: {shlex.join(argv)}\n{output[-5000:]}"
                 done += 1
     return done
