@@ -212,6 +212,76 @@ def test_default_cache_dir_is_keras_own(make_cfg):
     assert data.cache_dir(d) == Path(keras_home()).expanduser() / "datasets"
 
 
+def test_digits_are_sklearns_images_on_the_unit_interval(make_cfg):
+    """x / 16: the 8x8 images' 0..16 pixel counts as (8, 8, 1) float32 images in [0, 1]."""
+    from sklearn.datasets import load_digits
+
+    x, y, num_classes = data.LOADERS["digits"](dataset(make_cfg, "digits"))
+    bunch = load_digits()
+    assert x.shape == (1797, 8, 8, 1) and x.dtype == np.float32 and num_classes == 10
+    np.testing.assert_array_equal(x[..., 0] * 16, bunch.images)  # k / 16 is exact in float32
+    assert x.max() == 1.0 and x.min() == 0.0
+    assert y.dtype == np.int32
+    np.testing.assert_array_equal(y, bunch.target)
+
+
+@pytest.mark.slow
+def test_mnist1d_with_a_validation_fraction_keeps_the_packages_test_set_sealed(make_cfg):
+    """val_fraction 0.25: 1000 of the 4000 training sequences (the first of a permutation by the
+    dataset's seed) validate, 3000 train, and the package's 1000 test sequences are the test
+    split."""
+    d = dataset(make_cfg, "mnist1d", "dataset.val_fraction=0.25")
+    a = data.load(d)
+    made = data.mnist1d_generated(42)
+    assert (len(a.x_train), len(a.x_val), len(a.x_test)) == (3000, 1000, 1000)
+    assert a.num_classes == 10 and a.x_test.shape[1:] == (40, 1)
+    order = np.random.default_rng(42).permutation(4000)
+    np.testing.assert_array_equal(a.x_val[..., 0], made["x"][order[:1000]].astype(np.float32))
+    np.testing.assert_array_equal(a.y_train, made["y"][order[1000:]])
+    np.testing.assert_array_equal(a.x_test[..., 0], made["x_test"].astype(np.float32))
+    np.testing.assert_array_equal(a.y_test, made["y_test"])
+    x_test, y_test = data.sealed_test_set(a)
+    np.testing.assert_array_equal(x_test.numpy(), a.x_test)
+    np.testing.assert_array_equal(y_test.numpy(), a.y_test)
+
+
+def test_only_uint8_pixels_are_scaled():
+    pixels = np.array([0, 51, 255], np.uint8)
+    scaled = data.unit_scaled(pixels)
+    assert scaled.dtype == np.float32
+    np.testing.assert_array_equal(scaled, np.float32([0, 51, 255]) / np.float32(255))
+    other = np.array([0.0, 51.0, 255.0], np.float32)
+    assert data.unit_scaled(other) is other  # as it is: not divided
+
+
+def test_a_batch_larger_than_the_training_set_is_refused_in_one_line():
+    from gradexp._tf import tf
+
+    three = data.Arrays(np.zeros((3, 2), np.float32), np.zeros(3, np.int32),
+                        np.zeros((1, 2), np.float32), np.zeros(1, np.int32), 2)
+    with pytest.raises(ConfigError) as error:
+        data.examples(three, tf.constant([0], tf.int64), 4, 0, 2)
+    assert str(error.value) == "trainer.batch_size=4: larger than the 3 training examples"
+    _, _, indices = data.examples(three, tf.constant([0], tf.int64), 3, 0, 2)
+    assert sorted(indices.numpy()[0, 0]) == [0, 1, 2]  # three fit: each once in an epoch
+
+
+def test_a_streams_examples_for_several_runs_are_each_runs_own_draws(make_cfg):
+    """`examples` for runs of seeds [3, 4] over steps 6 and 7: run k's batch of step 6 + i is
+    x[indices[k, i]], the stream's draw for (seed, step 5 + i)."""
+    from gradexp._tf import tf
+
+    a = data.load(dataset(make_cfg, "adding", "dataset.num_examples=50", "dataset.length=10",
+                          "dataset.stream=true"))
+    x, y, indices = data.examples(a, tf.constant([3, 4], tf.int64), 4, tf.constant(5, tf.int64), 2)
+    assert indices.shape == (2, 2, 4) and x.dtype == a.x_val.dtype
+    for k, seed in enumerate((3, 4)):
+        for i in range(2):
+            drawn_x, drawn_y = a.stream(seed, 5 + i, 4)
+            np.testing.assert_array_equal(tf.gather(x, indices[k, i]).numpy(), drawn_x)
+            np.testing.assert_array_equal(tf.gather(y, indices[k, i]).numpy(), drawn_y)
+
+
 # ---------------------------------------------------------------------------- streaming
 def test_pascanu_adding_problem_definition(make_cfg):
     """Pascanu et al. (2013), as their code makes it: v ~ U[0, 1), the first marker in the first
