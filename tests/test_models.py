@@ -333,3 +333,37 @@ def test_the_hidden_layers_take_the_configured_activation_and_initializer(make_c
     assert model.get_layer("head").activation.__name__ == "linear"
     assert {type(layer.kernel_initializer).__name__ for layer in [*hidden, model.get_layer(
         "head")]} == {"LecunNormal"}
+
+
+def made_by(layer) -> str:
+    """The name of the layer whose output `layer` takes as its input."""
+    return layer.input._keras_history.operation.name
+
+
+def test_post_norm_normalises_each_residual_sum_and_pre_norm_each_branch_input(make_cfg):
+    """norm=post: LN(x + f(x)), each norm reads its block's sum and no final norm; norm=pre:
+    x + f(LN(x)), each norm reads the stream and a final norm comes before pooling."""
+    built = {}
+    for norm in ("pre", "post"):
+        cfg = make_cfg("model=transformer", "model.blocks=1", "model.width=8", "model.heads=2",
+                       "model.mlp_width=16", f"model.norm={norm}")
+        built[norm] = models.build(cfg.model, config.clip_spec(cfg), (5, 3), 3)
+    post, pre = built["post"], built["pre"]
+    assert made_by(post.get_layer("attn_1_norm")) == "attn_1_add"
+    assert made_by(post.get_layer("mlp_1_norm")) == "mlp_1_add"
+    assert made_by(post.get_layer("mlp_1_in")) == "attn_1_norm"
+    assert made_by(post.get_layer("pool")) == "mlp_1_norm"
+    assert "final_norm" not in [layer.name for layer in post.layers]
+    assert made_by(pre.get_layer("attn_1_norm")) == "clip_embed"
+    assert made_by(pre.get_layer("mlp_1_norm")) == "attn_1_add"
+    assert made_by(pre.get_layer("pool")) == "final_norm"
+
+
+def test_the_sparse_spectral_initializer_round_trips_its_config():
+    """What Keras saves of model.init=pascanu2013's recurrent initializer builds it again."""
+    init = models.SparseSpectral(0.95, connections=7)
+    assert init.get_config() == {"radius": 0.95, "connections": 7}
+    again = models.SparseSpectral.from_config(init.get_config())
+    w = np.asarray(again((20, 20)))
+    assert ((w != 0).sum(axis=1) == 7).all()
+    assert np.max(np.abs(np.linalg.eigvals(w))) == pytest.approx(0.95, rel=1e-5)

@@ -272,3 +272,15 @@ def test_the_step_trains_in_training_mode_and_evaluates_in_inference_mode(user_d
     assert evaluated == pytest.approx(inference, rel=1e-5)
     trained = float(step.backward(state, x, y).loss_sum) / len(x)
     assert abs(trained - inference) > 0.01 * inference
+
+
+def test_a_users_model_with_clip_layers_under_mixed_precision_ends_in_float32(user_dir,
+                                                                             make_cfg):
+    """Mixed precision: the clip layers' model gets a float32 `outputs` layer, so the loss is
+    computed in float32; with no clip layer the user's model is left as it is."""
+    keras.config.set_dtype_policy("mixed_float16")  # (undone after the test: conftest)
+    clipped = build(make_cfg, "make", "clip=0.1", "layer.positions=[dense_a]")
+    assert clipped.layers[-1].name == "outputs" and clipped.outputs[0].dtype == "float32"
+    assert clipped.get_layer("out").compute_dtype == "float16"
+    plain = build(make_cfg, "make", "layer.positions=[]")
+    assert plain.layers[-1].name == "out" and plain.outputs[0].dtype == "float16"
