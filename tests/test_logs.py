@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 import numpy as np
 import pytest
@@ -74,7 +75,18 @@ def test_a_sweeps_hparams_experiment_lists_every_value_and_the_final_metrics(tmp
 
     configs = [OmegaConf.structured(One), OmegaConf.structured(Other)]
     sweep_dir = tmp_path / "multirun" / "sweep"
+    before = time.time()
     logs.write_hparams_config(sweep_dir, configs)
+    after = time.time()
     experiment = hparams_experiment(sweep_dir)
     assert experiment.domains == {"a": ["1", "x"], "b": [0.5, 2.0]}
     assert experiment.metrics == ["final/loss", "final/val_loss", "final/val_accuracy"]
+    # the file's records as TensorBoard's loader reads them: the version event, then the
+    # experiment at step 0, each stamped with the time it was written
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    (path,) = sweep_dir.glob("events.out.tfevents.*")
+    first, second = EventFileLoader(str(path)).Load()
+    assert first.file_version == "brain.Event:2"
+    assert second.step == 0 and second.summary.value[0].tag == "_hparams_/experiment"
+    assert all(before <= e.wall_time <= after for e in (first, second))
