@@ -309,7 +309,7 @@ class RunLog:
         """A resumed run's measurement `name` at steps 1..start_step, as the float32 numbers
         the table was written from (so a resumed run's figures are an uninterrupted run's);
         NaN where a column is blank (steps without an evaluation or a measurement)."""
-        column = ["step", *self.names, *self.val_names].index(name)
+        column = 1 + [*self.names, *self.val_names].index(name)  # column 0: the step
         return [np.float32(row[column] or "nan") for row in self._past_rows]
 
     def steps(self, steps: np.ndarray, rows: np.ndarray, val: dict[str, float] | None,
