@@ -90,3 +90,32 @@ def test_a_sweeps_hparams_experiment_lists_every_value_and_the_final_metrics(tmp
     assert first.file_version == "brain.Event:2"
     assert second.step == 0 and second.summary.value[0].tag == "_hparams_/experiment"
     assert all(before <= e.wall_time <= after for e in (first, second))
+
+
+def test_rows_are_tensorboards_scalars_at_their_steps_each_tag_described_once(tmp_path):
+    """Two calls of `rows` (the second with a tag the first had not) and one of `scalars`:
+    one event a step, every value at its step as TensorBoard's loader reads it, and a tag's
+    first value, only its first, carrying the scalars plugin's metadata (as tf.summary
+    writes it)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    from conftest import event_scalars, events
+
+    writer = logs.EventWriter(tmp_path)
+    writer.rows([1, 2, 3], ["a", "b"], [[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]])
+    writer.rows([4, 5], ["a", "c"], [[4.0, 0.5], [5.0, 0.25]])
+    writer.scalars(6, {"b": 60.0})
+    writer.close()
+    (path,) = tmp_path.glob("events.out.tfevents.*")
+    written = list(EventFileLoader(str(path)).Load())
+    assert written[0].file_version == "brain.Event:2"
+    assert [e.step for e in written[1:]] == [1, 2, 3, 4, 5, 6]
+    described = [(e.step, v.tag) for e in written[1:] for v in e.summary.value
+                 if v.metadata.plugin_data.plugin_name == "scalars"]
+    assert described == [(1, "a"), (1, "b"), (4, "c")]
+    acc = events(tmp_path)
+    for tag, steps, values in [("a", [1, 2, 3, 4, 5], [1, 2, 3, 4, 5]),
+                               ("b", [1, 2, 3, 6], [10, 20, 30, 60]),
+                               ("c", [4, 5], [0.5, 0.25])]:
+        assert [e.step for e in acc.Tensors(tag)] == steps, tag
+        assert event_scalars(acc, tag).tolist() == values, tag
