@@ -254,6 +254,77 @@ def test_only_uint8_pixels_are_scaled():
     assert data.unit_scaled(other) is other  # as it is: not divided
 
 
+def test_a_split_holds_out_at_least_one_example_drawn_by_the_seed():
+    """max(1, round(N · val_fraction)) examples validate, the first of a permutation by the
+    seed: 10 examples at 0.01 hold out 1 (round gives 0), at 0.25 hold out 2 (round(2.5))."""
+    x, y = np.arange(10, dtype=np.float32)[:, None], np.arange(10, dtype=np.int32) + 100
+    for fraction, n_val in [(0.01, 1), (0.25, 2), (0.5, 5)]:
+        a = data.split_off(x, y, fraction, seed=4, num_classes=None)
+        order = np.random.default_rng(4).permutation(10)
+        np.testing.assert_array_equal(a.x_val[:, 0], order[:n_val])
+        np.testing.assert_array_equal(a.y_val, order[:n_val] + 100)
+        np.testing.assert_array_equal(a.y_train, order[n_val:] + 100)
+        assert a.num_classes is None and len(a.x_train) == 10 - n_val
+
+
+def test_a_runs_record_of_its_data(make_cfg):
+    """summary.json's `data`: the training examples counted, or None when they are drawn fresh
+    at every step; the test split's examples when there is one."""
+    fixed = data.load(dataset(make_cfg, "adding", "dataset.num_examples=50",
+                              "dataset.length=10"))
+    assert fixed.record() == {"input_shape": [10, 2], "num_classes": None,
+                              "train_examples": 40, "val_examples": 10}  # val_fraction 0.2
+    streamed = data.load(dataset(make_cfg, "adding", "dataset.num_examples=50",
+                                 "dataset.length=10", "dataset.stream=true"))
+    assert streamed.record()["train_examples"] is None
+    assert streamed.record()["val_examples"] == 50
+    fixed.x_test, fixed.y_test = fixed.x_val[:3], fixed.y_val[:3]
+    assert fixed.record()["test_examples"] == 3
+
+
+def test_batches_are_epochs_of_permutations_and_any_stretch_of_them_is_the_same():
+    """n = 5, B = 2: the batches of steps 1.. laid end to end are epoch after epoch, each a
+    permutation of the 5 examples; the batches asked from any step (in any epoch, ending on an
+    epoch's first example or not) are those of the whole sequence."""
+    from gradexp._tf import tf
+
+    whole = data.batch_indices(tf.constant(3, tf.int64), 5, 2, 0, 15).numpy().reshape(-1)
+    for epoch in range(6):
+        assert sorted(whole[5 * epoch:5 * epoch + 5]) == [0, 1, 2, 3, 4]
+    assert not all((whole[:5] == whole[5 * e:5 * e + 5]).all() for e in range(1, 6))
+    for first_step, steps in [(0, 3), (2, 2), (7, 4), (11, 4), (4, 1)]:
+        part = data.batch_indices(tf.constant(3, tf.int64), 5, 2, first_step, steps).numpy()
+        np.testing.assert_array_equal(part.reshape(-1),
+                                      whole[2 * first_step:2 * (first_step + steps)])
+
+
+def test_the_training_batches_go_on_past_their_first_block(make_cfg):
+    """training_batches (model.fit's input) draws 64 steps' batches at a time: its batches 1 to
+    130 are the trainer's own (`examples`) for steps 1 to 130, across two blocks' seams."""
+    from gradexp._tf import tf
+
+    a = data.load(dataset(make_cfg, "adding", "dataset.num_examples=60", "dataset.length=4"))
+    x, _, indices = data.examples(a, tf.constant([3], tf.int64), 4, 0, 130)
+    batches = [bx.numpy() for bx, _ in data.training_batches(a, batch_size=4, seed=3).take(131)]
+    assert len(batches) == 130 + 1
+    for i in (0, 63, 64, 65, 127, 128, 129):
+        np.testing.assert_array_equal(batches[i], tf.gather(x, indices[0, i]).numpy())
+    later = next(iter(data.training_batches(a, batch_size=4, seed=3, start_step=100)))[0]
+    np.testing.assert_array_equal(later.numpy(), batches[100])
+
+
+def test_a_streams_batches_have_their_static_shape_in_a_traced_step(make_cfg):
+    """The stream's examples come through tf.numpy_function, whose outputs have no shape: the
+    graph is told it ([None, *example shape]), as a model's first layer needs."""
+    from gradexp._tf import tf
+
+    a = data.load(dataset(make_cfg, "adding", "dataset.num_examples=50", "dataset.length=10",
+                          "dataset.stream=true"))
+    traced = tf.function(lambda first: data.examples(a, tf.constant([3], tf.int64), 4, first, 2))
+    x, y, _ = traced.get_concrete_function(tf.TensorSpec([], tf.int64)).structured_outputs
+    assert x.shape.as_list() == [None, 10, 2] and y.shape.as_list() == [None]
+
+
 def test_a_batch_larger_than_the_training_set_is_refused_in_one_line():
     from gradexp._tf import tf
 
