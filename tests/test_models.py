@@ -233,6 +233,9 @@ def test_rnn_with_state_clip_survives_save_and_load(make_cfg, tmp_path):
     model = two_layer_rnn(make_cfg, "gru", "rnn_1_state")
     model.save(tmp_path / "rnn.keras")
     reloaded = keras.models.load_model(tmp_path / "rnn.keras")
+    own = [{k: v for k, v in m.get_layer("rnn_1").cell.get_config().items()
+            if k not in ("cell", "clip")} for m in (model, reloaded)]
+    assert own[1] == own[0] and own[0]["name"]  # the wrapper's own settings (its name) too
     x = sequences(2)
     np.testing.assert_allclose(model(x).numpy(), reloaded(x).numpy(), rtol=1e-6)
     np.testing.assert_allclose(through_gradexp(model, x)[0].numpy(),
@@ -252,6 +255,9 @@ def test_pascanu_initialisation_is_sparse_with_the_spectral_radius_asked(make_cf
     w = np.asarray(cell.recurrent_kernel)
     assert ((w != 0).sum(axis=1) == 15).all()
     assert np.max(np.abs(np.linalg.eigvals(w))) == pytest.approx(0.95, rel=1e-5)
+    # each non-zero drawn on its own from a normal around 0: distinct in a row, of both signs
+    assert all(len(set(row[row != 0])) == 15 for row in w)
+    assert 0.4 < (w[w != 0] > 0).mean() < 0.6  # 750 draws: 0.5 ± 0.018 (one σ)
     for kernel in (np.asarray(cell.kernel), np.asarray(model.get_layer("head").kernel)):
         assert 0.005 < kernel.std() < 0.02  # N(0, 0.01²), not Glorot's ~0.3
 
@@ -364,6 +370,8 @@ def test_the_sparse_spectral_initializer_round_trips_its_config():
     init = models.SparseSpectral(0.95, connections=7)
     assert init.get_config() == {"radius": 0.95, "connections": 7}
     again = models.SparseSpectral.from_config(init.get_config())
-    w = np.asarray(again((20, 20)))
+    w = again((20, 20))
+    assert w.dtype == "float32"  # Keras's default, when the caller names no dtype
+    w = np.asarray(w)
     assert ((w != 0).sum(axis=1) == 7).all()
     assert np.max(np.abs(np.linalg.eigvals(w))) == pytest.approx(0.95, rel=1e-5)

@@ -284,3 +284,6 @@ def test_a_users_model_with_clip_layers_under_mixed_precision_ends_in_float32(us
     assert clipped.get_layer("out").compute_dtype == "float16"
     plain = build(make_cfg, "make", "layer.positions=[]")
     assert plain.layers[-1].name == "out" and plain.outputs[0].dtype == "float16"
+    keras.config.set_dtype_policy("float32")  # already float32 at the end: nothing added
+    single = build(make_cfg, "make", "clip=0.1", "layer.positions=[dense_a]")
+    assert single.layers[-1].name == "out" and single.outputs[0].dtype == "float32"
