@@ -375,3 +375,18 @@ def test_the_sparse_spectral_initializer_round_trips_its_config():
     w = np.asarray(w)
     assert ((w != 0).sum(axis=1) == 7).all()
     assert np.max(np.abs(np.linalg.eigvals(w))) == pytest.approx(0.95, rel=1e-5)
+
+
+def test_the_position_matrix_is_a_learned_weight_drawn_from_a_narrow_normal(make_cfg):
+    """P of x + P: one trainable weight, `embeddings`, of shape (T, width), drawn from
+    N(0, 0.02²) (GPT-2's), not Keras's default Glorot (σ ≈ 0.17 for (50, 16))."""
+    from gradexp._tf import keras
+
+    cfg = make_cfg("model=transformer", "model.blocks=1", "model.width=16", "model.heads=2",
+                   "model.mlp_width=16")
+    keras.utils.set_random_seed(0)
+    model = models.build(cfg.model, config.clip_spec(cfg), (50, 3), 3)
+    (weight,) = model.get_layer("position").trainable_weights
+    assert weight.name == "embeddings" and tuple(weight.shape) == (50, 16)
+    p = np.asarray(weight)
+    assert 0.018 < p.std() < 0.022 and abs(p.mean()) < 0.003  # 800 draws: σ's error ~2.5 %

@@ -52,6 +52,10 @@ USER_MODELS = textwrap.dedent('''
         x = keras.layers.Dropout(0.5, seed=0, name="drop")(x)
         return keras.Model(inputs, keras.layers.Dense(num_outputs, name="out")(x))
 
+    def named(input_shape, num_outputs):
+        model = make(input_shape, num_outputs)
+        return keras.Model(model.inputs, model.outputs, name="my_net")
+
     def not_a_model(input_shape, num_outputs):
         return "a string"
 
@@ -279,8 +283,9 @@ def test_a_users_model_with_clip_layers_under_mixed_precision_ends_in_float32(us
     """Mixed precision: the clip layers' model gets a float32 `outputs` layer, so the loss is
     computed in float32; with no clip layer the user's model is left as it is."""
     keras.config.set_dtype_policy("mixed_float16")  # (undone after the test: conftest)
-    clipped = build(make_cfg, "make", "clip=0.1", "layer.positions=[dense_a]")
+    clipped = build(make_cfg, "named", "clip=0.1", "layer.positions=[dense_a]")
     assert clipped.layers[-1].name == "outputs" and clipped.outputs[0].dtype == "float32"
+    assert clipped.name == "my_net"  # the user's model's name kept
     assert clipped.get_layer("out").compute_dtype == "float16"
     plain = build(make_cfg, "make", "layer.positions=[]")
     assert plain.layers[-1].name == "out" and plain.outputs[0].dtype == "float16"
