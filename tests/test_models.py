@@ -390,3 +390,12 @@ def test_the_position_matrix_is_a_learned_weight_drawn_from_a_narrow_normal(make
     assert weight.name == "embeddings" and tuple(weight.shape) == (50, 16)
     p = np.asarray(weight)
     assert 0.018 < p.std() < 0.022 and abs(p.mean()) < 0.003  # 800 draws: σ's error ~2.5 %
+
+
+def test_an_image_read_by_an_rnn_is_reshaped_into_rows_by_a_named_layer(make_cfg):
+    """(8, 8, 1) images read row by row: a `rows` layer makes them 8 steps of 8 features."""
+    cfg = make_cfg("model=rnn", "model.units=4", "dataset=digits", "layer.positions=[]")
+    model = models.build(cfg.model, config.clip_spec(cfg), (8, 8, 1), 10)
+    assert [layer.name for layer in model.layers] == ["inputs", "rows", "rnn_1", "head",
+                                                      "outputs"]
+    assert tuple(model.get_layer("rows").output.shape) == (None, 8, 8)
