@@ -399,3 +399,19 @@ def test_an_image_read_by_an_rnn_is_reshaped_into_rows_by_a_named_layer(make_cfg
     assert [layer.name for layer in model.layers] == ["inputs", "rows", "rnn_1", "head",
                                                       "outputs"]
     assert tuple(model.get_layer("rows").output.shape) == (None, 8, 8)
+
+
+def test_the_head_is_the_layer_named_head_or_else_the_last_with_weights():
+    """AGC leaves the output layer's parameters alone: the layer named `head` wherever it sits,
+    or in a model without one (a user's) the last layer that has weights."""
+    from gradexp._tf import keras
+
+    def model(*names):
+        inputs = keras.Input((3,))
+        x = inputs
+        for name in names:
+            x = keras.layers.Dense(2, name=name)(x)
+        return keras.Model(inputs, keras.layers.Activation("relu", name="act")(x))
+
+    assert models.head(model("a", "head", "b")).name == "head"
+    assert models.head(model("a", "b")).name == "b"
