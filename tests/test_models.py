@@ -415,3 +415,15 @@ def test_the_head_is_the_layer_named_head_or_else_the_last_with_weights():
 
     assert models.head(model("a", "head", "b")).name == "head"
     assert models.head(model("a", "b")).name == "b"
+
+
+def test_under_mixed_precision_a_models_layers_compute_in_float16_and_it_ends_in_float32(
+        make_cfg):
+    """The loss is computed in float32 whatever the policy: the `outputs` layer casts."""
+    from gradexp._tf import keras
+
+    keras.config.set_dtype_policy("mixed_float16")  # (undone after the test: conftest)
+    cfg = make_cfg("model=mlp", "model.depth=1", "model.width=4")
+    model = models.build(cfg.model, config.clip_spec(cfg), (3,), 2)
+    assert model.get_layer("head").compute_dtype == "float16"
+    assert model.layers[-1].name == "outputs" and model.outputs[0].dtype == "float32"
