@@ -399,6 +399,7 @@ def test_an_image_read_by_an_rnn_is_reshaped_into_rows_by_a_named_layer(make_cfg
     assert [layer.name for layer in model.layers] == ["inputs", "rows", "rnn_1", "head",
                                                       "outputs"]
     assert tuple(model.get_layer("rows").output.shape) == (None, 8, 8)
+    assert model.name == "rnn"  # the model's own name, as its config says
 
 
 def test_the_head_is_the_layer_named_head_or_else_the_last_with_weights():
