@@ -21,9 +21,7 @@ imported once a page, not once a command, which was most of a command's time.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import io
 import logging
 import os
 import re
@@ -164,7 +162,7 @@ IN_PROCESS = ("gradexp.train", "gradexp.summarize")  # modules whose main() in_p
 
 def in_process(argv: list[str], work: Path) -> tuple[int, str]:
     """`python -m <module> <args>` (as `python_command` gives it) run in this process, in `work`:
-    its exit status and what it printed. What `python -m` sets up is set up (the working
+    its exit status and a pointer to its output. What `python -m` sets up is set up (the working
     directory first on sys.path, sys.argv) and what a run leaves behind is undone after it (the
     working directory, sys.path, the user modules it imported from `work`, Hydra's global state,
     the root logger's handlers); what a run sets for its process (the dtype policy, the seeds,
@@ -175,13 +173,13 @@ def in_process(argv: list[str], work: Path) -> tuple[int, str]:
     saved = (os.getcwd(), list(sys.argv), list(sys.path), set(sys.modules), dict(os.environ))
     root = logging.getLogger()
     handlers, level, raise_exceptions = list(root.handlers), root.level, logging.raiseExceptions
-    out = io.StringIO()
     os.chdir(work)
     sys.path.insert(0, str(work))
     sys.argv = [argv[2], *argv[3:]]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            status = module.main() if argv[2] == "gradexp.train" else module.main(argv[3:])
+    try:  # what it prints goes to pytest's capture, shown with a failure: not redirected, for
+        # Hydra's logging set-up closes every handler, and absl's closes its stream when that
+        # is not the sys.stderr of the moment (pytest's capture, had it been redirected)
+        status = module.main() if argv[2] == "gradexp.train" else module.main(argv[3:])
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else 1
     finally:
@@ -198,7 +196,7 @@ def in_process(argv: list[str], work: Path) -> tuple[int, str]:
         for name in set(sys.modules) - modules:  # a page's own models.py is not the next one's
             if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(work)):
                 del sys.modules[name]
-    return status or 0, out.getvalue()
+    return status or 0, "(its output: pytest's captured stdout and stderr below)"
 
 
 def trains(command: list[str]) -> bool:

@@ -84,52 +84,18 @@ def case_id(value):
     return " ".join(value) if isinstance(value, list) else None
 
 
-def command(overrides: list[str]) -> list[str]:
-    """The command line of a case: its flags, the quick settings, its values (which win)."""
-    return [*(o for o in overrides if o.startswith("-")), *QUICK,
-            *(o for o in overrides if not o.startswith("-"))]
-
-
-def assert_refused(status, stdout: str, stderr: str, key: str, allowed: str, where) -> None:
-    assert status == 2, stderr
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith(f"error: {key}") and allowed in lines[0], lines[0]
-    assert "Traceback" not in stderr + stdout
-    assert not (where / "outputs").exists()  # no run directory made, not even .hydra/
-
-
-def overrides_of(case) -> list[str]:
-    return getattr(case, "values", case)[0]  # a pytest.param's, or a tuple's
-
-
-# asked for a GPU, the check looks at the devices, which loads TensorFlow: its own process
-ON_THEIR_OWN = (["clip=-1"], ["-m", "clip=0.1,-1"], ["hydra/launcher=nosuch"],
-                ["resume=no/such/run"], ["device=gpu"])
-
-
-@pytest.mark.parametrize(("overrides", "key", "allowed"),
-                         [c for c in BAD if overrides_of(c) != ["device=gpu"]], ids=case_id)
-def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, overrides, key,
-                                          allowed):
-    """Each case through the entry point, in this process (where mutation testing sees the
-    checks); a few as a user's own process below."""
-    from conftest import in_this_process
-
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as exit_:
-        in_this_process(monkeypatch, *command(overrides))
-    printed = capsys.readouterr()
-    assert_refused(exit_.value.code, printed.out, printed.err, key, allowed, tmp_path)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(("overrides", "key", "allowed"),
-                         [c for c in BAD if overrides_of(c) in ON_THEIR_OWN], ids=case_id)
-def test_bad_input_in_a_process_of_its_own_is_one_line_and_exit_2(tmp_path, overrides, key,
-                                                                   allowed):
-    result = gradexp("gradexp.train", *command(overrides), cwd=tmp_path)
-    assert_refused(result.returncode, result.stdout, result.stderr, key, allowed, tmp_path)
+@pytest.mark.parametrize(("overrides", "key", "allowed"), BAD, ids=case_id)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key, allowed):
+    flags = [o for o in overrides if o.startswith("-")]
+    values = [o for o in overrides if not o.startswith("-")]
+    result = gradexp("gradexp.train", *flags, *QUICK, *values, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: {key}") and allowed in lines[0], lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "outputs").exists()  # no run directory made, not even .hydra/
 
 
 @pytest.mark.slow
