@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -134,25 +135,34 @@ def in_this_process(monkeypatch, *args: str) -> None:
     """`python -m gradexp.train *args` run in this process, in the current directory, not a
     subprocess (mutation testing sees only what runs here): Hydra's global state, its job
     logging's handlers and what the entry point sets for its process are undone after it."""
-    import logging
-
-    from hydra.core.global_hydra import GlobalHydra
-
     from gradexp import train
 
     monkeypatch.setattr(sys, "argv", ["gradexp.train", *args])
     monkeypatch.setenv("HYDRA_FULL_ERROR", "")  # main() sets it
-    monkeypatch.setattr(logging, "raiseExceptions", logging.raiseExceptions)
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
+    with hydra_and_logging_undone():
         train.main()
+
+
+@contextlib.contextmanager
+def hydra_and_logging_undone():
+    """Hydra's global state, the root logger's handlers and level and logging.raiseExceptions
+    as they were before an entry point ran in this process (Hydra's job logging adds handlers,
+    gradexp.train.main() sets raiseExceptions)."""
+    import logging
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    root = logging.getLogger()
+    handlers, level, raise_exceptions = list(root.handlers), root.level, logging.raiseExceptions
+    try:
+        yield
     finally:
         GlobalHydra.instance().clear()
         for handler in set(root.handlers) - set(handlers):
             root.removeHandler(handler)
             handler.close()
         root.setLevel(level)
+        logging.raiseExceptions = raise_exceptions
 
 
 def processes_marked(mark: str) -> list[str]:

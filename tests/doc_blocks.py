@@ -22,7 +22,6 @@ imported once a page, not once a command, which was most of a command's time.
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import re
 import shlex
@@ -167,28 +166,21 @@ def in_process(argv: list[str], work: Path) -> tuple[int, str]:
     working directory, sys.path, the user modules it imported from `work`, Hydra's global state,
     the root logger's handlers); what a run sets for its process (the dtype policy, the seeds,
     op determinism) every run sets again (gradexp.training.devices.prepare_process)."""
-    from hydra.core.global_hydra import GlobalHydra
+    from conftest import hydra_and_logging_undone
 
     module = importlib.import_module(argv[2])
     saved = (os.getcwd(), list(sys.argv), list(sys.path), set(sys.modules), dict(os.environ))
-    root = logging.getLogger()
-    handlers, level, raise_exceptions = list(root.handlers), root.level, logging.raiseExceptions
     os.chdir(work)
     sys.path.insert(0, str(work))
     sys.argv = [argv[2], *argv[3:]]
     try:  # what it prints goes to pytest's capture, shown with a failure: not redirected, for
         # Hydra's logging set-up closes every handler, and absl's closes its stream when that
         # is not the sys.stderr of the moment (pytest's capture, had it been redirected)
-        status = module.main() if argv[2] == "gradexp.train" else module.main(argv[3:])
+        with hydra_and_logging_undone():
+            status = module.main() if argv[2] == "gradexp.train" else module.main(argv[3:])
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else 1
     finally:
-        GlobalHydra.instance().clear()
-        for handler in set(root.handlers) - set(handlers):
-            root.removeHandler(handler)
-            handler.close()
-        root.setLevel(level)
-        logging.raiseExceptions = raise_exceptions
         cwd, sys.argv, sys.path[:], modules, environ = saved
         os.chdir(cwd)
         os.environ.clear()
