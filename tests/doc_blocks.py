@@ -159,13 +159,14 @@ def run(argv: list[str], work: Path) -> subprocess.CompletedProcess:
 IN_PROCESS = ("gradexp.train", "gradexp.summarize")  # modules whose main() in_process calls
 
 
-def in_process(argv: list[str], work: Path) -> tuple[int, str]:
+def in_process(argv: list[str], work: Path) -> int:
     """`python -m <module> <args>` (as `python_command` gives it) run in this process, in `work`:
-    its exit status and a pointer to its output. What `python -m` sets up is set up (the working
-    directory first on sys.path, sys.argv) and what a run leaves behind is undone after it (the
-    working directory, sys.path, the user modules it imported from `work`, Hydra's global state,
-    the root logger's handlers); what a run sets for its process (the dtype policy, the seeds,
-    op determinism) every run sets again (gradexp.training.devices.prepare_process)."""
+    its exit status (what it prints goes to pytest's capture). What `python -m` sets up is set
+    up (the working directory first on sys.path, sys.argv) and what a run leaves behind is
+    undone after it (the working directory, sys.path, the user modules it imported from `work`,
+    Hydra's global state, the root logger's handlers); what a run sets for its process (the
+    dtype policy, the seeds, op determinism) every run sets again
+    (gradexp.training.devices.prepare_process)."""
     from conftest import hydra_and_logging_undone
 
     module = importlib.import_module(argv[2])
@@ -188,7 +189,7 @@ def in_process(argv: list[str], work: Path) -> tuple[int, str]:
         for name in set(sys.modules) - modules:  # a page's own models.py is not the next one's
             if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(work)):
                 del sys.modules[name]
-    return status or 0, "(its output: pytest's captured stdout and stderr below)"
+    return status or 0
 
 
 def trains(command: list[str]) -> bool:
@@ -227,7 +228,7 @@ def run_page(page: Path, work: Path) -> int:
                 command = python_command(argv, work)
                 if command[2] in IN_PROCESS:
                     began = time.time()
-                    status, output = in_process(command, work)
+                    status, output = in_process(command, work), "(pytest's capture below)"
                     assert status != 0 or not trains(command) or any(
                         p.stat().st_mtime >= began for p in work.rglob("summary.json")), (
                         f"{block}: {shlex.join(argv)} wrote no run\n{output[-5000:]}")
