@@ -159,17 +159,27 @@ def run(argv: list[str], work: Path) -> subprocess.CompletedProcess:
 IN_PROCESS = ("gradexp.train", "gradexp.summarize")  # modules whose main() in_process calls
 
 
+def shadowed(module: str, work: Path) -> bool:
+    """Whether `work` holds a module, a package or a namespace package's directory of
+    `module`'s top-level name, which a fresh `python -m` started in `work` would import from
+    there."""
+    top = work / module.split(".")[0]
+    return top.with_suffix(".py").is_file() or top.is_dir()
+
+
 def in_process(argv: list[str], work: Path) -> int:
     """`python -m <module> <args>` (as `python_command` gives it) run in this process, in `work`:
     its exit status (what it prints goes to pytest's capture). What `python -m` sets up is set
-    up (the working directory first on sys.path, sys.argv) and what a run leaves behind is
-    undone after it (the working directory, sys.path, the user modules it imported from `work`,
-    Hydra's global state, the root logger's handlers); what a run sets for its process (the
-    dtype policy, the seeds, op determinism) every run sets again
+    up (the working directory first on sys.path, sys.argv, no module cached under a name `work`
+    holds) and what a run leaves behind is undone after it (the working directory, sys.path, the
+    user modules it imported from `work`, Hydra's global state, the root logger's handlers); what
+    a run sets for its process (the dtype policy, the seeds, op determinism) every run sets again
     (gradexp.training.devices.prepare_process)."""
     from conftest import hydra_and_logging_undone
 
     module = importlib.import_module(argv[2])
+    for name in [name for name in sys.modules if shadowed(name, work)]:
+        del sys.modules[name]  # a module of the same name another test imported from elsewhere
     saved = (os.getcwd(), list(sys.argv), list(sys.path), set(sys.modules), dict(os.environ))
     os.chdir(work)
     sys.path.insert(0, str(work))
