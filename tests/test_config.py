@@ -74,18 +74,47 @@ BAD = [
 ]
 
 
-def has_gpu() -> bool:
-    from gradexp._tf import tf
-
-    return bool(tf.config.list_physical_devices("GPU"))
+# The entry point's wiring (the one line on stderr, exit status 2, no run directory), once for
+# each way a bad value is found: by `validate`, by OmegaConf's types, by a config's schema, by
+# Hydra's options of a group (the run's and Hydra's own), by a sweep's check, by resume's, by the
+# device's. Every value of BAD is checked in this process too (test_bad_value_...).
+THROUGH_THE_CLI = {"clip=-1", "clip=abc", "clip=", "trainer.stepz=5", "+model.extra=1",
+                   "optimizer=rmsprop", "hydra/launcher=nosuch", "model=cnn dataset=teacher",
+                   "strategy=mirrored trainer.on_divergence=continue", "-m clip=0.1,-1",
+                   "resume=no/such/run", "-m resume=/x", "device=gpu"}
 
 
 def case_id(value):
     return " ".join(value) if isinstance(value, list) else None
 
 
+def cases(keep) -> list:
+    return [case for case in BAD if keep(case_id(getattr(case, "values", case)[0]))]
+
+
+assert len(cases(THROUGH_THE_CLI.__contains__)) == len(THROUGH_THE_CLI)  # each names a case
+
+
+def has_gpu() -> bool:
+    from gradexp._tf import tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+@pytest.mark.parametrize(("overrides", "key", "allowed"), cases(
+    lambda id: not (id.startswith(("-m ", "resume=")) or id == "device=gpu")), ids=case_id)
+def test_bad_value_is_one_line_naming_the_key_and_what_is_allowed(overrides, key, allowed):
+    from gradexp import api
+
+    with pytest.raises(config.ConfigError) as caught:
+        api.compose(*overrides)
+    line = str(caught.value)
+    assert line.startswith(key) and allowed in line and "\n" not in line, line
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("overrides", "key", "allowed"), BAD, ids=case_id)
+@pytest.mark.parametrize(("overrides", "key", "allowed"), cases(THROUGH_THE_CLI.__contains__),
+                         ids=case_id)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key, allowed):
     flags = [o for o in overrides if o.startswith("-")]
     values = [o for o in overrides if not o.startswith("-")]
