@@ -326,6 +326,36 @@ def test_only_a_write_that_failed_is_called_one(tmp_path):
         "ck.data; No space left on device", "ev.tfevents; No space left on device", None]
 
 
+def test_a_failed_write_names_the_file_in_the_run_or_tensorflows_writer_and_the_first_one(
+        tmp_path):
+    """A file of the run that TensorFlow named is named by its path in the run (and, from
+    TensorFlow's writer in a block that writes both, as `tensorflow` says); Python's own error
+    keeps the block's name; in nested blocks the innermost write's line is the one raised."""
+    import errno
+
+    from gradexp._tf import tf
+    from gradexp.runs.write_errors import WriteFailed, writing
+
+    full = os.strerror(errno.ENOSPC)
+    events = tf.errors.ResourceExhaustedError(None, None, f"{tmp_path}/ev.tfevents; {full}")
+    with pytest.raises(WriteFailed) as failed:
+        with writing("metrics.csv", tmp_path, 9, tensorflow="the event file"):
+            raise events
+    assert str(failed.value) == (
+        f"cannot write the event file (ev.tfevents) in {tmp_path} at step 9: {full}")
+    elsewhere = OSError(errno.ENOSPC, full, "/elsewhere/x")
+    with pytest.raises(WriteFailed) as failed:
+        with writing("metrics.csv", tmp_path, 9, tensorflow="the event file"):
+            raise elsewhere
+    assert str(failed.value) == (
+        f"cannot write metrics.csv in {tmp_path} at step 9: {full} (/elsewhere/x)")
+    with pytest.raises(WriteFailed) as failed:
+        with writing("summary.json", tmp_path, 3):
+            with writing("the checkpoint", tmp_path, 2):
+                raise elsewhere
+    assert str(failed.value).startswith(f"cannot write the checkpoint in {tmp_path} at step 2: ")
+
+
 def test_a_sweep_on_a_full_disk_goes_on_to_its_other_runs(tmp_path):
     """Three runs on a filesystem that fills up: the long one fails in one line, the two short
     ones complete, the sweep says which did not finish and exits 1."""

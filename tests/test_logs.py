@@ -119,3 +119,18 @@ def test_rows_are_tensorboards_scalars_at_their_steps_each_tag_described_once(tm
                                ("c", [4, 5], [0.5, 0.25])]:
         assert [e.step for e in acc.Tensors(tag)] == steps, tag
         assert event_scalars(acc, tag).tolist() == values, tag
+
+
+def test_a_resumed_table_keeps_its_rows_to_the_checkpoint_or_says_why_it_cannot(tmp_path):
+    """keep_rows: the rows of steps 1..last_step, a row cut short by a kill dropped, the file
+    rewritten to them; a table of other columns, or missing a step, cannot be resumed into."""
+    path, header = tmp_path / "metrics.csv", ["step", "loss/train"]
+    path.write_text("step,loss/train\n1,0.5\n2,0.25\n3,0.125\n4\n")
+    assert logs.keep_rows(path, header, 0) == [] and path.read_text().endswith("\n4\n")
+    assert logs.keep_rows(path, header, 2) == [["1", "0.5"], ["2", "0.25"]]
+    assert path.read_text() == "step,loss/train\n1,0.5\n2,0.25\n"
+    with pytest.raises(ValueError, match=r"metrics.csv: its columns are not this run's"):
+        logs.keep_rows(path, ["step", "loss/val"], 1)
+    path.write_text("step,loss/train\n1,0.5\n3,0.125\n")
+    with pytest.raises(ValueError, match=r"has 1 of the 2 steps before the checkpoint"):
+        logs.keep_rows(path, header, 2)
