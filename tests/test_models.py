@@ -390,6 +390,8 @@ def test_the_position_matrix_is_a_learned_weight_drawn_from_a_narrow_normal(make
     assert weight.name == "embeddings" and tuple(weight.shape) == (50, 16)
     p = np.asarray(weight)
     assert 0.018 < p.std() < 0.022 and abs(p.mean()) < 0.003  # 800 draws: σ's error ~2.5 %
+    x = np.arange(2 * 50 * 16, dtype=np.float32).reshape(2, 50, 16)
+    np.testing.assert_array_equal(model.get_layer("position")(x), x + p)  # added, to each
 
 
 def test_an_image_read_by_an_rnn_is_reshaped_into_rows_by_a_named_layer(make_cfg):
