@@ -240,3 +240,18 @@ def test_a_sampled_point_whose_config_fails_ends_the_search_in_one_line(tmp_path
                         r"must be a multiple of heads \(4\)", line), line
     failed = int(re.search(r"trial (\d+)", line).group(1))
     assert list(pd.read_csv(tmp_path / "search" / "search.csv")["trial"]) == list(range(failed))
+
+
+def test_a_search_whose_every_trial_diverged_says_so_with_its_record():
+    """best_line when every finished trial's value is +inf (each ranked last: diverged)."""
+    import optuna
+
+    from gradexp.sweeps.search.sweeper import best_line
+
+    study = optuna.create_study()
+    for clip in (1.0, 2.0):
+        study.add_trial(optuna.trial.create_trial(
+            params={"clip": clip}, value=math.inf,
+            distributions={"clip": optuna.distributions.FloatDistribution(0.5, 4.0)}))
+    assert best_line(study, None, Path("sweep")) == (
+        f"search: every trial diverged (see {Path('sweep/search.csv')})")
