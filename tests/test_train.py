@@ -353,3 +353,68 @@ def test_positions_listed_then_a_run_in_the_same_process_trains(tmp_path, monkey
     in_this_process(monkeypatch, *QUICK, "trainer.jit_compile=false", "hydra.run.dir=run")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 30
+
+
+def test_a_single_runs_late_bad_input_is_exit_2_and_a_bug_a_traceback_both_recorded(
+        tmp_path, monkeypatch):
+    """Through the entry point, in this process: a data loader that cannot be imported is bad
+    input found once the run starts (exit status 2; summary.json: failed, with the error); a
+    loader that raises is a bug, its exception propagated as it is, and recorded too."""
+    from conftest import in_this_process
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "broken_loader.py").write_text(
+        "def load():\n    raise RuntimeError('the loader has a bug')\n")
+    base = [*QUICK, "trainer.jit_compile=false", "dataset=arrays"]
+    with pytest.raises(SystemExit) as exited:
+        in_this_process(monkeypatch, *base, "dataset.load=no_such_module:load", "hydra.run.dir=a")
+    assert exited.value.code == 2
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith(
+        "ConfigError: dataset.load=no_such_module:load: cannot import no_such_module")
+    assert summary["overrides"] == [*base, "dataset.load=no_such_module:load"]  # no hydra.*
+    assert summary["config"]["dataset"]["load"] == "no_such_module:load"
+    with pytest.raises(RuntimeError, match="the loader has a bug"):
+        in_this_process(monkeypatch, *base, "dataset.load=broken_loader:load", "hydra.run.dir=b")
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert summary["error"] == "RuntimeError: the loader has a bug"
+
+
+def test_a_run_stopped_by_sigterm_exits_143_and_resume_finishes_it_as_if_never_stopped(
+        tmp_path, monkeypatch):
+    """Through the entry point, in this process: SIGTERM arrives after the call that reached
+    step 20 (sent from the run's own bookkeeping, so the moment is exact); the run checkpoints,
+    is marked interrupted and the entry point exits 128 + 15; `resume=` continues it from its
+    checkpoint, and its table is then an uninterrupted run's, byte for byte."""
+    import os
+    import signal
+
+    from conftest import in_this_process
+    from gradexp.training.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)
+    args = [*QUICK, "trainer.jit_compile=false", "trainer.checkpoint_every=10",
+            "deterministic=true"]
+    in_this_process(monkeypatch, *args, "hydra.run.dir=whole")
+    record = Tracker.record
+
+    def record_then_stop(self, *a, **k):
+        record(self, *a, **k)
+        if self.step == 20:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by the run's stop_requests
+
+    monkeypatch.setattr(Tracker, "record", record_then_stop)
+    with pytest.raises(SystemExit) as exited:
+        in_this_process(monkeypatch, *args, "hydra.run.dir=stopped")
+    assert exited.value.code == 128 + signal.SIGTERM
+    summary = json.loads((tmp_path / "stopped" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] == 20
+    monkeypatch.setattr(Tracker, "record", record)
+    in_this_process(monkeypatch, "resume=stopped")
+    summary = json.loads((tmp_path / "stopped" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 30
+    assert summary["resumed_from"] == 20  # not trained again from step 0
+    assert ((tmp_path / "stopped" / "metrics.csv").read_bytes()
+            == (tmp_path / "whole" / "metrics.csv").read_bytes())
