@@ -153,7 +153,7 @@ GROUPS = {
               in_process("tests/test_train.py", "tests/test_robustness.py",
                          "tests/test_batched.py", "tests/test_faults.py",
                          "tests/test_sweep_resume.py", "tests/test_search.py",
-                         "tests/test_api.py")),
+                         "tests/test_api.py", "tests/test_test_split.py")),
     "rundir": (["gradexp/runs/rundir.py", "gradexp/runs/runlock.py"],
                in_process("tests/test_rundir.py", "tests/test_robustness.py",
                           "tests/test_sweep_resume.py",
