@@ -184,8 +184,9 @@ GROUPS = {
                           "tests/test_faults.py", "tests/test_models.py",
                           "tests/test_user_data.py", "tests/test_sweep_resume.py",
                           "tests/test_search.py")),
-    "engine": (["gradexp/training/engine.py"],
-               in_process("tests/test_batched.py", "tests/test_train.py")),
+    "engine": (["gradexp/training/engine.py"],  # its mirrored branch: test_devices' subprocess
+               in_process("tests/test_batched.py", "tests/test_train.py",
+                          "tests/test_robustness.py", "tests/test_devices.py")),
     "launcher": (["hydra_plugins/gradexp_launcher/gradexp_launcher.py", "gradexp/sweeps/worker.py"],
                  in_process("tests/test_batched.py", "tests/test_sweeps.py")),
 }
