@@ -147,16 +147,25 @@ def in_this_process(monkeypatch, *args: str) -> None:
 def hydra_and_logging_undone():
     """Hydra's global state, the root logger's handlers and level and logging.raiseExceptions
     as they were before an entry point ran in this process (Hydra's job logging adds handlers,
-    gradexp.train.main() sets raiseExceptions)."""
+    gradexp.train.main() sets raiseExceptions), and the handlers made before it open: so
+    capsys can read what an entry point run here prints."""
     import logging
 
     from hydra.core.global_hydra import GlobalHydra
 
     root = logging.getLogger()
     handlers, level, raise_exceptions = list(root.handlers), root.level, logging.raiseExceptions
+    # Hydra's logging set-up (logging.config.dictConfig) closes every handler made so far, and
+    # absl's closes its stream, pytest's own capture, when that is not the sys.stderr of the
+    # moment (capsys's): the handlers that were here before are kept open through it
+    kept = [handler for ref in logging._handlerList if (handler := ref()) is not None]
+    for handler in kept:
+        handler.close = lambda: None
     try:
         yield
     finally:
+        for handler in kept:
+            del handler.close
         GlobalHydra.instance().clear()
         for handler in set(root.handlers) - set(handlers):
             root.removeHandler(handler)

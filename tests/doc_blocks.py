@@ -184,9 +184,7 @@ def in_process(argv: list[str], work: Path) -> int:
     os.chdir(work)
     sys.path.insert(0, str(work))
     sys.argv = [argv[2], *argv[3:]]
-    try:  # what it prints goes to pytest's capture, shown with a failure: not redirected, for
-        # Hydra's logging set-up closes every handler, and absl's closes its stream when that
-        # is not the sys.stderr of the moment (pytest's capture, had it been redirected)
+    try:  # what it prints goes to pytest's capture, shown with a failure
         with hydra_and_logging_undone():
             status = module.main() if argv[2] == "gradexp.train" else module.main(argv[3:])
     except SystemExit as exc:

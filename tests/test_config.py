@@ -107,6 +107,7 @@ THROUGH_THE_CLI = {"clip=-1", "clip=abc", "clip=", "trainer.stepz=5", "+model.ex
                    "optimizer=rmsprop", "hydra/launcher=nosuch", "model=cnn dataset=teacher",
                    "strategy=mirrored trainer.on_divergence=continue", "-m clip=0.1,-1",
                    "resume=no/such/run", "-m resume=/x", "device=gpu"}
+IN_A_PROCESS = {"clip=-1", "-m clip=0.1,-1"}  # a run's and a sweep's, as a shell sees them
 
 
 def case_id(value):
@@ -140,15 +141,27 @@ def test_bad_value_is_one_line_naming_the_key_and_what_is_allowed(overrides, key
 @pytest.mark.slow
 @pytest.mark.parametrize(("overrides", "key", "allowed"), cases(THROUGH_THE_CLI.__contains__),
                          ids=case_id)
-def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key, allowed):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, overrides, key,
+                                          allowed):
+    """gradexp.train.main() in this process (mutation testing sees only this one), and for
+    IN_A_PROCESS `python -m gradexp.train` itself: its stderr and exit status."""
+    from conftest import in_this_process
+
     flags = [o for o in overrides if o.startswith("-")]
     values = [o for o in overrides if not o.startswith("-")]
-    result = gradexp("gradexp.train", *flags, *QUICK, *values, cwd=tmp_path)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
+    monkeypatch.chdir(tmp_path)
+    if case_id(overrides) in IN_A_PROCESS:
+        result = gradexp("gradexp.train", *flags, *QUICK, *values, cwd=tmp_path)
+        status, err, out = result.returncode, result.stderr, result.stdout
+    else:
+        with pytest.raises(SystemExit) as exited:
+            in_this_process(monkeypatch, *flags, *QUICK, *values)
+        status, (out, err) = exited.value.code, capsys.readouterr()
+    assert status == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     assert lines[0].startswith(f"error: {key}") and allowed in lines[0], lines[0]
-    assert "Traceback" not in result.stderr + result.stdout
+    assert "Traceback" not in err + out
     assert not (tmp_path / "outputs").exists()  # no run directory made, not even .hydra/
 
 

@@ -342,9 +342,7 @@ def test_gradient_histograms_are_tensorboards_own_buckets():
 
 def test_positions_listed_then_a_run_in_the_same_process_trains(tmp_path, monkeypatch):
     """`--positions` is one call's flag: a later call of the entry point in the same process
-    (a test, a notebook, the docs' examples) trains instead of listing the positions again.
-    (No capsys: Hydra's logging set-up closes every handler, and absl's closes its stream when
-    that is not the sys.stderr of the moment, which under capsys is pytest's own capture.)"""
+    (a test, a notebook, the docs' examples) trains instead of listing the positions again."""
     from conftest import in_this_process
 
     monkeypatch.chdir(tmp_path)
