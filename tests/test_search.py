@@ -101,11 +101,16 @@ def test_summarize_reads_the_search_and_names_the_best_value_with_its_seeds_spre
     ("clipp=interval(0.1, 1)", "error: clipp: no such key; allowed: model, dataset"),
     ("clip=interval(-1, 1)", "error: clip=-1.0: must be a positive number or null"),
 ])
-def test_a_bad_search_space_is_one_line_and_exit_2_before_any_run(tmp_path, space, message):
-    result = gradexp("gradexp.train", "-m", "hydra/sweeper=optuna", space, "seed=0,1",
-                     cwd=tmp_path)
-    assert result.returncode == 2
-    assert result.stderr.startswith(message) and len(result.stderr.splitlines()) == 1
+def test_a_bad_search_space_is_one_line_and_exit_2_before_any_run(tmp_path, monkeypatch, capsys,
+                                                                  space, message):
+    from conftest import in_this_process
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        in_this_process(monkeypatch, "-m", "hydra/sweeper=optuna", space, "seed=0,1")
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert err.startswith(message) and len(err.splitlines()) == 1
     assert not (tmp_path / "outputs").exists()
 
 
