@@ -246,8 +246,19 @@ def test_slurm_requeues_on_pre_emption_and_time_out_by_default():
     assert f"#SBATCH --signal=USR2@{launcher.signal_delay_s}" in sbatch.splitlines()
 
 
-def test_resume_refuses_bad_input_in_one_line(tmp_path):
+def refusal(monkeypatch, capsys, *args: str) -> tuple[int, list[str]]:
+    """`python -m gradexp.train *args` run in this process, in the current directory: its exit
+    status and the lines it wrote to stderr."""
+    from conftest import in_this_process
+
+    with pytest.raises(SystemExit) as exited:
+        in_this_process(monkeypatch, *args)
+    return exited.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_resume_refuses_bad_input_in_one_line(tmp_path, monkeypatch, capsys):
     """A directory that is neither a run nor a sweep; a run's override given another value."""
+    monkeypatch.chdir(tmp_path)
     neither = tmp_path / "neither"
     neither.mkdir()
     run = tmp_path / "run"
@@ -262,14 +273,13 @@ def test_resume_refuses_bad_input_in_one_line(tmp_path):
              f"resume={run}: seed=4 differs from the run's own seed=3"),
             ([f"resume={run}", "model.width=8"],
              f"resume={run}: the run goes on with its own config; drop model.width=8")):
-        result = gradexp("gradexp.train", *args, cwd=tmp_path)
-        lines = result.stderr.strip().splitlines()
-        assert result.returncode == 2 and len(lines) == 1, result.stderr
+        status, lines = refusal(monkeypatch, capsys, *args)
+        assert status == 2 and len(lines) == 1, lines
         assert lines[0].startswith(f"error: {message}"), lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["neither", "run"]
 
 
-def test_every_resume_refusal_is_one_line_and_exit_2(tmp_path):
+def test_every_resume_refusal_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
     """The refusals docs/guide/resume.md lists, each as the user meets it (one line on stderr, exit
     2, nothing started): resume= of a finished run, of a run without a checkpoint, of a run whose
     process is alive here; a job started in a directory holding another config's run or a live run;
@@ -314,10 +324,10 @@ def test_every_resume_refusal_is_one_line_and_exit_2(tmp_path):
          "(seed=1 clip=0.1)"),
     ]
     before = mtimes(tmp_path)
+    monkeypatch.chdir(tmp_path)
     for args, message in cases:
-        result = gradexp("gradexp.train", *args, cwd=tmp_path)
-        lines = result.stderr.strip().splitlines()
-        assert result.returncode == 2 and len(lines) == 1, (args, result.stderr)
+        status, lines = refusal(monkeypatch, capsys, *args)
+        assert status == 2 and len(lines) == 1, (args, lines)
         assert lines[0].startswith(f"error: {message}"), lines[0]
     assert mtimes(tmp_path) == before  # not a file written or touched
 
