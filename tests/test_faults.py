@@ -132,22 +132,25 @@ def cut_short(run_dir: Path, step: int) -> None:
     data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
 
 
-def test_a_truncated_newest_checkpoint_is_skipped_and_the_previous_one_used(tmp_path, killed,
-                                                                            uninterrupted):
+def test_a_truncated_newest_checkpoint_is_skipped_and_the_previous_one_used(
+        tmp_path, monkeypatch, capsys, killed, uninterrupted):
     """The run keeps its last two checkpoints; with the newest cut short, `resume=` says so in
     one line, resumes from the previous one, and its summary says which step it resumed from
     and which it skipped; the finished table is an uninterrupted run's, byte for byte."""
+    from conftest import in_this_process
+
     run_dir = copy_of(killed, tmp_path)
     # a kill between writing a checkpoint and deleting the oldest leaves three (a busy machine)
     *older, previous, newest = checkpoint_steps(run_dir)
     assert newest - previous == 100 and len(older) <= 1
     cut_short(run_dir, newest)
-    result = gradexp("gradexp.train", f"resume={run_dir}", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    said = [line for line in result.stdout.splitlines() if "damaged" in line]
+    monkeypatch.chdir(tmp_path)
+    in_this_process(monkeypatch, f"resume={run_dir}")
+    stdout = capsys.readouterr().out
+    said = [line for line in stdout.splitlines() if "damaged" in line]
     assert len(said) == 1 and f"step-{newest} (IndexError: Read less bytes" in said[0], said
     assert said[0].endswith(f"resuming from step-{previous}")
-    assert f"resuming at step {previous}:" in result.stdout
+    assert f"resuming at step {previous}:" in stdout
     assert said[0] in (run_dir / "train.log").read_text()  # the run's own log says it too
     summary = summary_of(run_dir)
     assert summary["status"] == "completed" and summary["resumed_from"] == previous
@@ -158,16 +161,22 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_the_previous_one_used(tmp_
     assert (run_dir / "checkpoints" / "damaged" / f"step-{newest}.index").is_file()
 
 
-def test_every_checkpoint_damaged_is_one_line_and_nothing_trains(tmp_path, killed):
+def test_every_checkpoint_damaged_is_one_line_and_nothing_trains(tmp_path, monkeypatch, capsys,
+                                                                 killed):
+    from conftest import in_this_process
+
     run_dir = copy_of(killed, tmp_path)
     table = (run_dir / "metrics.csv").read_bytes()
     for step in checkpoint_steps(run_dir):
         cut_short(run_dir, step)
-    result = gradexp("gradexp.train", f"resume={run_dir}", cwd=tmp_path)
-    assert result.returncode == 2
-    line = one_line(result.stderr)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        in_this_process(monkeypatch, f"resume={run_dir}")
+    assert exited.value.code == 2
+    out, err = capsys.readouterr()
+    line = one_line(err)
     assert line.startswith(f"error: {run_dir}: every checkpoint is damaged: step-"), line
-    assert "trainer.on_damaged_checkpoint=restart" in line and "resuming" not in result.stdout
+    assert "trainer.on_damaged_checkpoint=restart" in line and "resuming" not in out
     summary = summary_of(run_dir)
     assert summary["status"] == "failed" and "every checkpoint is damaged" in summary["error"]
     assert (run_dir / "metrics.csv").read_bytes() == table  # nothing trained, nothing cut
