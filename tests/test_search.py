@@ -180,17 +180,22 @@ def test_a_trial_whose_runs_crash_is_failed_and_the_search_goes_on(tmp_path, mon
     """64 examples of which 51 train, batches of 64: every run fails when it starts training
     (a check the corners cannot make: it needs the data). Each trial is told to Optuna as
     failed, logged and recorded so; the search goes on to its last trial; with no trial
-    valued, the best line says so; the sweep exits 1 (runs did not finish)."""
+    valued, the best line says so; the sweep exits 1 (runs did not finish). Told as failed in
+    so many words: Optuna warns when it must infer the state from a value of None."""
+    import warnings
+
     from conftest import in_this_process
 
     monkeypatch.chdir(tmp_path)
     lines = sweeper_lines(monkeypatch)
-    with pytest.raises(SystemExit) as exit:
+    with pytest.raises(SystemExit) as exit, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         in_this_process(monkeypatch, "-m", *TINY, "hydra/sweeper=optuna", "seed=0",
                         "clip=interval(0.01, 0.05)", "dataset=teacher",
                         "dataset.num_examples=64", "hydra.sweeper.n_trials=2",
                         "hydra.sweep.dir=search")
     assert exit.value.code == 1
+    assert not [w for w in caught if "could not be cast to float" in str(w.message)]
     rows = pd.read_csv(tmp_path / "search" / "search.csv", keep_default_na=False)
     assert list(rows["state"]) == ["fail", "fail"] and list(rows["value"]) == ["", ""]
     assert [line.split(": ", 1)[1] for line in lines[1:3]] == ["final_loss failed"] * 2
