@@ -35,6 +35,7 @@ def compose(*overrides: str, config_dir: str | Path | None = None) -> DictConfig
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    config.check_overrides(list(overrides))
     extra = ([f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else [])
     GlobalHydra.instance().clear()
     from gradexp.train import CONF_DIR  # the entry point's config directory, spelled there

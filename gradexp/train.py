@@ -168,6 +168,7 @@ def main() -> None:
     logging.raiseExceptions = False  # a log file on a full disk: our one line, not a traceback
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us unprinted
     try:
+        config.check_overrides(sys.argv[1:])
         sweep_dir = resume.sweep_to_resume(sys.argv[1:])
         if sweep_dir is not None:
             sys.argv[1:] = resume.multirun_arguments(sweep_dir, sys.argv[1:])

@@ -35,6 +35,9 @@ BAD = [
     (["seed=4294967296"], "seed=4294967296", "must be an integer in [0, 2**32 - 1]"),
     (["clip=[1,2]"], "clip=[1,2]", "converted to Float"),
     (["clip="], "clip=", "converted to Float"),
+    # overrides Hydra cannot parse, or without a key
+    (["clip=[1,"], "clip=[1,", "no viable alternative at input '[1,'"),
+    (["=1"], "=1", "no key before '='; an override is key=value"),
     # values and choices
     (["precision=float64"], "precision=float64", "float32, mixed_float16, mixed_bfloat16"),
     (["layer.norm_axis=channel"], "layer.norm_axis=channel", "batch, example"),
@@ -103,8 +106,9 @@ BAD = [
 # each way a bad value is found: by `validate`, by OmegaConf's types, by a config's schema, by
 # Hydra's options of a group (the run's and Hydra's own), by a sweep's check, by resume's, by the
 # device's. Every value of BAD is checked in this process too (test_bad_value_...).
-THROUGH_THE_CLI = {"clip=-1", "clip=abc", "clip=", "trainer.stepz=5", "+model.extra=1",
-                   "optimizer=rmsprop", "hydra/launcher=nosuch", "model=cnn dataset=teacher",
+THROUGH_THE_CLI = {"clip=-1", "clip=abc", "clip=", "clip=[1,", "=1", "trainer.stepz=5",
+                   "+model.extra=1", "optimizer=rmsprop", "hydra/launcher=nosuch",
+                   "model=cnn dataset=teacher",
                    "strategy=mirrored trainer.on_divergence=continue", "-m clip=0.1,-1",
                    "resume=no/such/run", "-m resume=/x", "device=gpu"}
 IN_A_PROCESS = {"clip=-1", "-m clip=0.1,-1"}  # a run's and a sweep's, as a shell sees them

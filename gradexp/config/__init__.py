@@ -26,7 +26,14 @@ from gradexp.config.base import (
 )
 from gradexp.config.clipping import ClippingConfig
 from gradexp.config.dataset import DatasetConfig
-from gradexp.config.hydra_glue import compose_once, explain, register, sweep_jobs, task_config
+from gradexp.config.hydra_glue import (
+    check_overrides,
+    compose_once,
+    explain,
+    register,
+    sweep_jobs,
+    task_config,
+)
 from gradexp.config.layer import NORM_AXES, ClipSpec, LayerConfig, clip_bounds, clip_spec, positions
 from gradexp.config.model import ModelConfig, check_model_takes, input_kind
 from gradexp.config.optimizer import OptimizerConfig
@@ -36,7 +43,8 @@ from gradexp.config.trainer import TrainerConfig
 __all__ = [
     "NORM_AXES", "TEST_SPLITS", "Choice", "ClipSpec", "ClippingConfig", "Config", "ConfigError",
     "DatasetConfig", "LayerConfig", "ModelConfig", "NotRegistered", "OptimizerConfig",
-    "Registry", "TrainerConfig", "at_least", "check_model_takes", "clip_bounds", "clip_spec",
+    "Registry", "TrainerConfig", "at_least", "check_model_takes", "check_overrides", "clip_bounds",
+    "clip_spec",
     "compose_once", "explain", "finite", "import_object", "input_kind", "need", "one_of",
     "positions", "register", "sweep_jobs", "task_config", "validate",
 ]

@@ -83,8 +83,18 @@ def explain(exc: BaseException) -> str | None:
             reason = f"no such key; allowed: {', '.join(schema_keys(schema))}"
         return f"{key}: {reason}"
     if isinstance(exc, (OverrideParseException, ConfigCompositionException)):
-        return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        override = getattr(exc, "override", None)  # a parse error's text may not quote it
+        return text if not override or override in text else f"{override}: {text}"
     return None
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Raise ConfigError for an override with nothing before its `=` (`=1`), which Hydra takes
+    for a choice of the primary config's group and refuses in a traceback naming neither."""
+    for override in overrides:
+        if not override.startswith("-") and override.lstrip("+~").startswith("="):
+            raise ConfigError(f"{override}: no key before '='; an override is key=value")
 
 
 def sweep_jobs(config: DictConfig) -> list[list[str]]:
