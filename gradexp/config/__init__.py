@@ -44,7 +44,6 @@ __all__ = [
     "NORM_AXES", "TEST_SPLITS", "Choice", "ClipSpec", "ClippingConfig", "Config", "ConfigError",
     "DatasetConfig", "LayerConfig", "ModelConfig", "NotRegistered", "OptimizerConfig",
     "Registry", "TrainerConfig", "at_least", "check_model_takes", "check_overrides", "clip_bounds",
-    "clip_spec",
-    "compose_once", "explain", "finite", "import_object", "input_kind", "need", "one_of",
-    "positions", "register", "sweep_jobs", "task_config", "validate",
+    "clip_spec", "compose_once", "explain", "finite", "import_object", "input_kind", "need",
+    "one_of", "positions", "register", "sweep_jobs", "task_config", "validate",
 ]
