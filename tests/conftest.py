@@ -143,6 +143,14 @@ def in_this_process(monkeypatch, *args: str) -> None:
         train.main()
 
 
+def exit_of(monkeypatch, *args: str) -> int:
+    """`in_this_process(*args)` for a call that must end with SystemExit: its status (what it
+    printed is capsys's to read)."""
+    with pytest.raises(SystemExit) as exited:
+        in_this_process(monkeypatch, *args)
+    return exited.value.code
+
+
 @contextlib.contextmanager
 def hydra_and_logging_undone():
     """Hydra's global state, the root logger's handlers and level and logging.raiseExceptions

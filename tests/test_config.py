@@ -149,7 +149,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, overrid
                                           allowed):
     """gradexp.train.main() in this process (mutation testing sees only this one), and for
     IN_A_PROCESS `python -m gradexp.train` itself: its stderr and exit status."""
-    from conftest import in_this_process
+    from conftest import exit_of
 
     flags = [o for o in overrides if o.startswith("-")]
     values = [o for o in overrides if not o.startswith("-")]
@@ -158,9 +158,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, overrid
         result = gradexp("gradexp.train", *flags, *QUICK, *values, cwd=tmp_path)
         status, err, out = result.returncode, result.stderr, result.stdout
     else:
-        with pytest.raises(SystemExit) as exited:
-            in_this_process(monkeypatch, *flags, *QUICK, *values)
-        status, (out, err) = exited.value.code, capsys.readouterr()
+        status, (out, err) = exit_of(monkeypatch, *flags, *QUICK, *values), capsys.readouterr()
     assert status == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err

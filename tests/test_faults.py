@@ -163,16 +163,14 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_the_previous_one_used(
 
 def test_every_checkpoint_damaged_is_one_line_and_nothing_trains(tmp_path, monkeypatch, capsys,
                                                                  killed):
-    from conftest import in_this_process
+    from conftest import exit_of
 
     run_dir = copy_of(killed, tmp_path)
     table = (run_dir / "metrics.csv").read_bytes()
     for step in checkpoint_steps(run_dir):
         cut_short(run_dir, step)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as exited:
-        in_this_process(monkeypatch, f"resume={run_dir}")
-    assert exited.value.code == 2
+    assert exit_of(monkeypatch, f"resume={run_dir}") == 2
     out, err = capsys.readouterr()
     line = one_line(err)
     assert line.startswith(f"error: {run_dir}: every checkpoint is damaged: step-"), line

@@ -249,11 +249,9 @@ def test_slurm_requeues_on_pre_emption_and_time_out_by_default():
 def refusal(monkeypatch, capsys, *args: str) -> tuple[int, list[str]]:
     """`python -m gradexp.train *args` run in this process, in the current directory: its exit
     status and the lines it wrote to stderr."""
-    from conftest import in_this_process
+    from conftest import exit_of
 
-    with pytest.raises(SystemExit) as exited:
-        in_this_process(monkeypatch, *args)
-    return exited.value.code, capsys.readouterr().err.strip().splitlines()
+    return exit_of(monkeypatch, *args), capsys.readouterr().err.strip().splitlines()
 
 
 def test_resume_refuses_bad_input_in_one_line(tmp_path, monkeypatch, capsys):

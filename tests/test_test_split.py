@@ -163,12 +163,10 @@ def test_a_dataset_without_a_test_split_is_refused_before_tensorflow(make_cfg):
 
 def test_asking_for_a_test_split_that_is_not_there_exits_2_in_one_line(tmp_path, monkeypatch,
                                                                       capsys):
-    from conftest import in_this_process
+    from conftest import exit_of
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as exited:
-        in_this_process(monkeypatch, "dataset=digits", "trainer.test=true", "hydra.run.dir=run")
-    assert exited.value.code == 2
+    assert exit_of(monkeypatch, "dataset=digits", "trainer.test=true", "hydra.run.dir=run") == 2
     assert capsys.readouterr().err == (f"error: trainer.test=true: dataset=digits has no test "
                                        f"split; {TEST_SPLITS}\n")
     assert not (tmp_path / "run" / "summary.json").exists()  # refused before it started

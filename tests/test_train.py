@@ -358,16 +358,14 @@ def test_a_single_runs_late_bad_input_is_exit_2_and_a_bug_a_traceback_both_recor
     """Through the entry point, in this process: a data loader that cannot be imported is bad
     input found once the run starts (exit status 2; summary.json: failed, with the error); a
     loader that raises is a bug, its exception propagated as it is, and recorded too."""
-    from conftest import in_this_process
+    from conftest import exit_of, in_this_process
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "broken_loader.py").write_text(
         "def load():\n    raise RuntimeError('the loader has a bug')\n")
     base = [*QUICK, "trainer.jit_compile=false", "dataset=arrays"]
-    with pytest.raises(SystemExit) as exited:
-        in_this_process(monkeypatch, *base, "dataset.load=no_such_module:load", "hydra.run.dir=a")
-    assert exited.value.code == 2
+    assert exit_of(monkeypatch, *base, "dataset.load=no_such_module:load", "hydra.run.dir=a") == 2
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"].startswith(
         "ConfigError: dataset.load=no_such_module:load: cannot import no_such_module")
@@ -389,7 +387,7 @@ def test_a_run_stopped_by_sigterm_exits_143_and_resume_finishes_it_as_if_never_s
     import os
     import signal
 
-    from conftest import in_this_process
+    from conftest import exit_of, in_this_process
     from gradexp.training.tracking import Tracker
 
     monkeypatch.chdir(tmp_path)
@@ -404,9 +402,7 @@ def test_a_run_stopped_by_sigterm_exits_143_and_resume_finishes_it_as_if_never_s
             os.kill(os.getpid(), signal.SIGTERM)  # handled by the run's stop_requests
 
     monkeypatch.setattr(Tracker, "record", record_then_stop)
-    with pytest.raises(SystemExit) as exited:
-        in_this_process(monkeypatch, *args, "hydra.run.dir=stopped")
-    assert exited.value.code == 128 + signal.SIGTERM
+    assert exit_of(monkeypatch, *args, "hydra.run.dir=stopped") == 128 + signal.SIGTERM
     summary = json.loads((tmp_path / "stopped" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["steps"] == 20
     monkeypatch.setattr(Tracker, "record", record)
