@@ -228,16 +228,18 @@ class Engine:
 
     # ------------------------------------------------------------------------- evaluation
     def _evaluate(self, x_val, y_val):
-        """Every run's evaluation, a loop over each part's slots in one program."""
+        """Every run's evaluation: a loop over each part's slots in one program; a run alone
+        is evaluated without the loop (a loop of one doubled the evaluation's time, its first
+        call's most: 0.17 s against 0.05 s on the wide MLP)."""
         names, models = self.step.val_names, self.counts[0]
 
         def one(values):
             measured = self.step.evaluate(values, x_val, y_val)
             return [measured[name] for name in names]
 
-        parts = [tf.map_fn(one, [v if self.stacked else v[None] for v in read(part[:models])],
-                           parallel_iterations=1,
+        parts = [tf.map_fn(one, read(part[:models]), parallel_iterations=1,
                            fn_output_signature=[tf.TensorSpec([], tf.float32)] * len(names))
+                 if self.stacked else [m[None] for m in one(read(part[:models]))]
                  for part in self.parts]
         return {name: tf.concat([p[i] for p in parts], 0)[:self.K]
                 for i, name in enumerate(names)}
