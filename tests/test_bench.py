@@ -87,3 +87,20 @@ def test_a_figure_is_steady_when_every_round_lies_within_ten_percent_of_its_medi
     assert rounds.steady(figures, "speedup")  # 3.0 and 3.3 within 3.1 ± 0.31
     assert not rounds.steady(rounds.ratio("s", [30.0, 36.0, 31.0], [10.0] * 3), "s")  # 3.6
     assert rounds.shown(figures) == "speedup 3.1 (3–3.3)"
+
+
+def test_the_page_calls_a_target_met_only_when_the_median_meets_it_and_the_spread_is_steady():
+    from gradexp.bench import report
+
+    target = (">=", 1.5)  # vs_keras_fit's
+    steady = {"vs_keras_fit": 2.0, "vs_keras_fit_min": 1.9, "vs_keras_fit_max": 2.2}
+    wide = {"vs_keras_fit": 2.0, "vs_keras_fit_min": 1.7, "vs_keras_fit_max": 2.2}  # 2 × 0.9 > 1.7
+    missed = {"vs_keras_fit": 1.4, "vs_keras_fit_min": 1.39, "vs_keras_fit_max": 1.41}
+    assert report.meets(steady, "vs_keras_fit", target) == "yes"
+    assert report.meets(wide, "vs_keras_fit", target) == "median only: spread wider than ±10%"
+    assert report.meets(missed, "vs_keras_fit", target) == "**no**"
+    assert report.meets({"config_error_s": 0.5}, "config_error_s", ("<=", 2)) == "yes"  # no spread
+    assert report.meets({"config_error_s": 2.5}, "config_error_s", ("<=", 2)) == "**no**"
+    assert report.meets(steady, "vs_keras_fit", None) == ""
+    row = next(line for line in report.run_lines(wide) if line.startswith("| `vs_keras_fit`"))
+    assert row.startswith("| `vs_keras_fit` | 2.00 (1.70–2.20) | ≥ 1.5 | median only: spread ")
