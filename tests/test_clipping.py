@@ -622,7 +622,7 @@ def test_a_bound_above_every_norm_is_the_identity(method):
         assert stats["clipped"] == 0.0 and stats["norm_after"] == stats["norm_before"]
 
 
-@pytest.mark.parametrize("method", STATELESS[1:])
+@pytest.mark.parametrize("method", [m for m in STATELESS if m != "none"])
 def test_clipping_twice_changes_nothing(method):
     params = params_for_steps()
     clipper = clipper_for(method, ACTIVE[method], params)
