@@ -204,6 +204,15 @@ def test_the_error_rate_counts_sequences_whose_squared_error_exceeds_the_thresho
     assert float(compiled.evaluate(values, *val)["error_rate/val"]) == pytest.approx(expected,
                                                                                    abs=1e-6)
     assert 0.0 < expected < 1.0
+    # an error is a squared error above the threshold, not at it: the zero model's outputs are
+    # 0, its squared errors y², and a threshold equal to one of them leaves that example out
+    squared = np.asarray(arrays.y_val, np.float32) ** 2
+    at = squared[squared > 0][0]
+    boundary = make_step(make_cfg(*overrides, f"dataset.error_threshold={float(at)!r}"), arrays)
+    measured = boundary.evaluate([tf.zeros_like(v) for v in values], *val)
+    rate = measured["error_rate/val"].numpy()  # a float32 share
+    assert rate == np.float32(np.mean(squared > at)) != np.float32(np.mean(squared >= at))
+    assert np.isnan(float(measured["accuracy/val"]))  # a regression has no accuracy
 
 
 def test_the_step_refuses_a_model_that_cannot_take_the_datasets_examples(make_cfg):

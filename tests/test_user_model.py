@@ -209,7 +209,11 @@ def test_a_keras_loss_by_name_or_path_and_one_loss_per_example(user_dir, make_cf
     huber = task_loss(None, "huber")
     np.testing.assert_allclose(huber(np.zeros((2, 1)), np.array([[2.0], [0.5]])), [1.5, 0.125])
     (user_dir / "my_losses.py").write_text("def cube(y, out):\n    return (out[:, 0] - y) ** 3\n")
-    assert task_loss(None, "my_losses:cube")(np.zeros(1), np.array([[2.0]]))[0] == 8.0
+    for path in ("my_losses:cube", "my_losses.cube"):  # either form of a dotted path
+        assert task_loss(None, path)(np.zeros(1), np.array([[2.0]]))[0] == 8.0
+    with pytest.raises(config.ConfigError, match=r"^model.loss=my_losses:square: my_losses has "
+                                                 r"no square$"):
+        task_loss(None, "my_losses:square")
     with pytest.raises(config.ConfigError, match=r"^model.loss=nope: no such Keras loss"):
         task_loss(None, "nope")
     from gradexp.parts import data
