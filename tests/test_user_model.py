@@ -214,7 +214,9 @@ def test_a_keras_loss_by_name_or_path_and_one_loss_per_example(user_dir, make_cf
     with pytest.raises(config.ConfigError, match=r"^model.loss=my_losses:square: my_losses has "
                                                  r"no square$"):
         task_loss(None, "my_losses:square")
-    with pytest.raises(config.ConfigError, match=r"^model.loss=nope: no such Keras loss"):
+    with pytest.raises(config.ConfigError, match=r"^model.loss=nope: no such Keras loss; give a "
+                                                 r"Keras loss function's name \(e.g. huber\) or "
+                                                 r"a dotted path$"):
         task_loss(None, "nope")
     from gradexp.parts import data
 
