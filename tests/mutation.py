@@ -226,12 +226,14 @@ def prepare(group: str) -> Path:
 
 
 def refresh(group: str) -> tuple[Path, bool]:
-    """The group's scratch copy as it is, its tests, conf and test selection the checkout's;
-    whether the selection changed (a test added to the group: mutmut then forgets every
-    verdict, and every mutant must be tested again)."""
+    """The group's scratch copy as it is, its code, tests, conf and test selection the
+    checkout's; whether the selection changed (a test added to the group: mutmut then forgets
+    every verdict, and every mutant must be tested again). mutmut keeps the verdicts of each
+    function whose code is unchanged and forgets those of a changed one: its mutants show as
+    not checked after this run, and the next `--survivors` run tests them."""
     work = REPO / ".mutmut" / group
     before = (work / "pyproject.toml").read_text()
-    copy(work, "tests", "conf", "docs")
+    copy(work, "gradexp", "hydra_plugins", "tests", "conf", "docs")
     return configure(group, work), (work / "pyproject.toml").read_text() != before
 
 
@@ -346,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the groups to run (default: all): {', '.join(GROUPS)}")
     parser.add_argument("--survivors", action="store_true",
                         help="test again only the mutants the last run of each group did not "
-                             "kill (but the listed equivalents), with the checkout's tests")
+                             "kill (but the listed equivalents), with the checkout's code and "
+                             "tests; a function changed since is tested by the next such run")
     parser.add_argument("--only", nargs="+", metavar="PATTERN",
                         help="test only the mutants whose names match one of these fnmatch "
                              "patterns (e.g. 'gradexp.parts.clipping.zclip.*'), the others left as "

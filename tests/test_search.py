@@ -177,9 +177,10 @@ def test_a_search_through_the_entry_point_in_this_process_tells_optuna_each_tria
 def test_a_trial_whose_runs_crash_is_failed_and_the_search_goes_on(tmp_path, monkeypatch):
     """64 examples of which 51 train, batches of 64: every run fails when it starts training
     (a check the corners cannot make: it needs the data). Each trial is told to Optuna as
-    failed, logged and recorded so; the search goes on to its last trial; with no trial
-    valued, the best line says so; the sweep exits 1 (runs did not finish). Told as failed in
-    so many words: Optuna warns when it must infer the state from a value of None."""
+    failed, logged and recorded so (its two seeds' values empty, space-separated); the search
+    goes on to its last trial; with no trial valued, the best line says so; the sweep exits 1
+    (runs did not finish). Told as failed in so many words: Optuna warns when it must infer the
+    state from a value of None."""
     import warnings
 
     from conftest import in_this_process
@@ -188,7 +189,7 @@ def test_a_trial_whose_runs_crash_is_failed_and_the_search_goes_on(tmp_path, mon
     lines = sweeper_lines(monkeypatch)
     with pytest.raises(SystemExit) as exit, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        in_this_process(monkeypatch, "-m", *TINY, "hydra/sweeper=optuna", "seed=0",
+        in_this_process(monkeypatch, "-m", *TINY, "hydra/sweeper=optuna", "seed=0,1",
                         "clip=interval(0.01, 0.05)", "dataset=teacher",
                         "dataset.num_examples=64", "hydra.sweeper.n_trials=2",
                         "hydra.sweep.dir=search")
@@ -196,6 +197,7 @@ def test_a_trial_whose_runs_crash_is_failed_and_the_search_goes_on(tmp_path, mon
     assert not [w for w in caught if "could not be cast to float" in str(w.message)]
     rows = pd.read_csv(tmp_path / "search" / "search.csv", keep_default_na=False)
     assert list(rows["state"]) == ["fail", "fail"] and list(rows["value"]) == ["", ""]
+    assert list(rows["seeds"]) == [2, 2] and list(rows["values"]) == [" ", " "]
     assert [line.split(": ", 1)[1] for line in lines[1:3]] == ["final_loss failed"] * 2
     assert lines[-1] == f"search: no trial has a value (see {Path('search/search.csv')})"
 

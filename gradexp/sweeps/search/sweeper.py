@@ -63,11 +63,11 @@ class SearchSweeper(Sweeper):
         OmegaConf.save(self.config, sweep_dir / rundir.SWEEP_RECORD)
         log.info("search: %s", space.describe())
         returns, rows, configs, next_job = [], [], [], 0
-        while len(rows) < space.n_trials:
+        for first in range(0, space.n_trials, space.n_jobs):  # a batch of n_jobs trials at a time
             with warnings.catch_warnings():  # an enqueued value may lie outside its range
                 warnings.filterwarnings("ignore", "Fixed parameter .* out of range")
                 trials = [study.ask(distributions)
-                          for _ in range(min(space.n_jobs, space.n_trials - len(rows)))]
+                          for _ in range(min(space.n_jobs, space.n_trials - first))]
             jobs = [space.jobs(trial.params) for trial in trials]
             configs += [self._checked(job, trial)
                         for trial, js in zip(trials, jobs, strict=True) for job in js]
