@@ -45,9 +45,11 @@ RECORD = REPO / "docs" / "mutation.json"  # --record: the scores docs/reference/
 CORE = ("analysis", "measures", "layers", "clipping", "telemetry", "step")  # target 95 %, else 90
 ELSEWHERE = "## Killed in a subprocess"  # the heading of that file's last section
 
-# what in a test's code starts a process: these names (conftest's gradexp() runs `python -m
-# ...`), sys.executable, os.fork
-STARTS_A_PROCESS = {"subprocess", "Popen", "gradexp", "multiprocessing", "executable", "fork"}
+# what in a test's code starts a process that imports gradexp anew: these names (conftest's
+# gradexp() runs `python -m ...`), sys.executable. A process forked from the test's (the batched
+# launcher's workers: gradexp.sweeps.worker.fork) imports nothing anew and runs the mutant its
+# parent runs (mutmut names it in the environment the child inherits): its tests stay in.
+STARTS_A_PROCESS = {"subprocess", "Popen", "gradexp", "multiprocessing", "executable"}
 
 
 def _starts_a_process(function: ast.FunctionDef) -> bool:
@@ -188,7 +190,8 @@ GROUPS = {
                in_process("tests/test_batched.py", "tests/test_train.py",
                           "tests/test_robustness.py", "tests/test_devices.py")),
     "launcher": (["hydra_plugins/gradexp_launcher/gradexp_launcher.py", "gradexp/sweeps/worker.py"],
-                 in_process("tests/test_batched.py", "tests/test_sweeps.py")),
+                 in_process("tests/test_batched.py", "tests/test_sweeps.py",
+                            "tests/test_worker.py")),
 }
 
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests",

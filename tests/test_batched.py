@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hydra.experimental.callback import Callback
 from test_sweep_resume import rows, start, summary_of, the_sweep, wait_for
 from test_sweeps import runs, sweep
 
@@ -422,3 +423,96 @@ def test_a_stopped_batch_resumes_and_a_dead_worker_s_runs_train_again(tmp_path):
         for r in ("0", "1"):
             assert summary_of(the_sweep(tmp_path / what) / r)["steps"] == 1500
             same_files(the_sweep(tmp_path / "whole") / r, the_sweep(tmp_path / what) / r)
+
+
+ENDED: list = []  # (job, its return's status, summary.json's status when on_job_end ran)
+
+
+class RecordEnd(Callback):
+    """A user's callback, in this process: what each job's on_job_end sees."""
+
+    def on_job_end(self, config, job_return, **kwargs):
+        on_disk = json.loads((Path(config.hydra.runtime.output_dir) / "summary.json").read_text())
+        ENDED.append((config.hydra.job.num, job_return.return_value["status"],
+                      on_disk["status"]))
+
+
+def logged_lines(monkeypatch, *names: str) -> list[str]:
+    """The lines of the loggers `names` as they are logged (Hydra's logging config replaces
+    the root logger's handlers: caplog sees none of a sweep's lines)."""
+    import logging
+
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    for name in names:
+        monkeypatch.setattr(logging.getLogger(name), "handlers", [handler])
+    return lines
+
+
+LAUNCHER_LOG = "hydra_plugins.gradexp_launcher.gradexp_launcher"
+TINY = ["trainer.jit_compile=false", "trainer.steps=20", "trainer.log_every=10",
+        "trainer.eval_every=20", "trainer.histogram_every=0", "model.width=8"]
+
+
+def test_the_launcher_in_this_process_batches_a_structure_and_holds_each_job_end(
+        tmp_path, monkeypatch):
+    """hydra/launcher=gradexp run here (mutation testing sees only this process; TensorFlow is
+    loaded, so no worker is forked and the batches train in this process): 4 jobs, 3 groups (the
+    two deterministic runs each alone, the log says why); the batch's runs each log to their
+    own file in the job's file format and record the batch in summary.json; a user's
+    on_job_end sees each run finished, once."""
+    import re
+
+    from conftest import in_this_process
+
+    monkeypatch.chdir(tmp_path)
+    ENDED.clear()
+    lines = logged_lines(monkeypatch, LAUNCHER_LOG, "gradexp")
+    in_this_process(monkeypatch, "-m", "hydra/launcher=gradexp", *TINY, "clip=null,0.1",
+                    "deterministic=false,true", "hydra.sweep.dir=sweep",
+                    "+hydra.callbacks.mine._target_=test_batched.RecordEnd")
+    done = runs(tmp_path / "sweep")
+    together = sorted(j for j, s in done.items() if not s["config"]["deterministic"])
+    alone = sorted(j for j, s in done.items() if s["config"]["deterministic"])
+    assert len(together) == len(alone) == 2
+    assert "Launching 4 jobs in 3 groups, sweep output dir: sweep" in lines
+    for j in alone:
+        assert (f"\t#{j} trains on its own: deterministic=true: each run is its own program, "
+                "bit for bit") in lines
+        assert "batch" not in done[j]
+    assert sum(line.startswith("training 2 runs as one batch") for line in lines) == 1
+    first = str(tmp_path / "sweep" / together[0])
+    for k, j in enumerate(together):
+        assert done[j]["batch"] == {"runs": 2, "first": first, "index": k}
+    for j, summary in done.items():
+        assert summary["status"] == "completed" and summary["steps"] == 20
+        log = (tmp_path / "sweep" / j / "train.log").read_text().splitlines()
+        assert sum("step 20/20" in line for line in log) == 1  # its own lines only
+        assert all(re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] ", line) for line in log)
+        assert (tmp_path / "sweep" / j / "provenance.json").is_file()
+    assert sorted(ENDED) == [(int(j), "completed", "completed") for j in sorted(done, key=int)]
+
+
+def test_a_batch_that_fails_whole_in_this_process_trains_its_runs_one_by_one(
+        tmp_path, monkeypatch):
+    """64 examples of which 51 train, batches of 64: the batch of two fails as a whole; the
+    launcher says so, clears its runs and trains each on its own, where each fails and is
+    recorded so; each job's on_job_end is called once, with the run's failure; the sweep
+    ends with exit status 1 (runs did not finish)."""
+    from conftest import in_this_process
+
+    monkeypatch.chdir(tmp_path)
+    ENDED.clear()
+    lines = logged_lines(monkeypatch, LAUNCHER_LOG)
+    with pytest.raises(SystemExit) as exit:
+        in_this_process(monkeypatch, "-m", "hydra/launcher=gradexp", *TINY, "seed=0,1",
+                        "dataset=teacher", "dataset.num_examples=64", "hydra.sweep.dir=sweep",
+                        "+hydra.callbacks.mine._target_=test_batched.RecordEnd")
+    assert exit.value.code == 1
+    (failure,) = [line for line in lines if "failed" in line]
+    assert failure.startswith("the batch of 2 runs failed (") and failure.endswith(
+        "); training them one by one")
+    done = runs(tmp_path / "sweep")
+    assert {j: s["status"] for j, s in done.items()} == {"0": "failed", "1": "failed"}
+    assert sorted(ENDED) == [(0, "failed", "failed"), (1, "failed", "failed")]

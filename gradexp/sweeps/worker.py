@@ -11,6 +11,9 @@ at once, one per worker. What a worker runs on a batch is named by the launcher
                                  TensorFlow must not fork; batches then train in this process)
     start_early(argv)            the same from gradexp.train's entry point, before Hydra
                                  starts, when the command line names the launcher
+    fork(n)                      fork workers until there are n, whatever the process has
+                                 imported (its caller's to know: a test's tasks run no
+                                 TensorFlow)
     train(task, batches, job_logging)
                                  for each batch (a list of gradexp.sweeps.grouping.Job), the
                                  summaries the function named `task` returns
@@ -88,14 +91,20 @@ def early_workers(argv: list[str]) -> int:
 
 def start(n: int = 1) -> None:
     """Fork workers until there are n, unless TensorFlow has been imported in this process."""
-    if "tensorflow" in sys.modules:
-        return
+    if "tensorflow" not in sys.modules:
+        fork(n)
+
+
+def fork(n: int) -> None:
+    """Fork workers until there are n (the caller makes sure the process may fork)."""
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
     while len(_workers) < n:
         ours, theirs = context.Pipe()
-        process = context.Process(target=_serve, args=(theirs,), daemon=True,
+        # the launcher's ends of this pipe and the earlier workers' are the launcher's alone
+        process = context.Process(target=_serve, daemon=True,
+                                  args=(theirs, [ours, *(w.connection for w in _workers)]),
                                   name=f"gradexp-worker-{len(_workers)}")
         process.start()
         theirs.close()
@@ -175,36 +184,47 @@ def _reply(w: Worker):
             "failed": lambda: RuntimeError(value)}[kind]()
 
 
-def _serve(connection) -> None:
+def _serve(connection, launchers_ends: list) -> None:
     """A worker: import TensorFlow, then run the task on each batch it is sent; leave at once
-    when the pipe closes."""
+    when the launcher closes its end of the pipe (the copies of the launcher's ends this
+    process was forked with closed first: while one is open, the pipe never closes)."""
+    for end in launchers_ends:
+        end.close()
     os.setpgrp()
     _die_with_parent()
     for s in FORWARDED:  # a Python handler inherited from the parent would not be ours
         signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
-    from hydra.utils import get_method
-
     from gradexp import _tf  # noqa: F401  TensorFlow: why this process was started early
 
-    while True:
-        try:
-            task, jobs, job_logging = connection.recv()
-        except (EOFError, OSError):
-            break
-        _console_logging(job_logging)
-        try:
-            reply = ("done", get_method(task)(jobs))
-        except KeyboardInterrupt:
-            reply = ("interrupted", None)
-        except Exception as exc:
-            logging.getLogger("gradexp").exception("the batch failed")
-            reply = ("failed", f"{type(exc).__name__}: {exc}")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        connection.send(reply)
+    while answer(connection):
+        pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def answer(connection) -> bool:
+    """A worker's turn: receive (task, batch, job_logging), run the function named `task` on
+    the batch, send back ("done", its result), ("interrupted", None) or ("failed", "Type:
+    message"); False, nothing done, when the pipe is closed."""
+    from hydra.utils import get_method
+
+    try:
+        task, jobs, job_logging = connection.recv()
+    except (EOFError, OSError):
+        return False
+    _console_logging(job_logging)
+    try:
+        reply = ("done", get_method(task)(jobs))
+    except KeyboardInterrupt:
+        reply = ("interrupted", None)
+    except Exception as exc:
+        logging.getLogger("gradexp").exception("the batch failed")
+        reply = ("failed", f"{type(exc).__name__}: {exc}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    connection.send(reply)
+    return True
 
 
 def _die_with_parent() -> None:
