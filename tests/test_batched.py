@@ -429,10 +429,14 @@ ENDED: list = []  # (job, its return's status, summary.json's status when on_job
 
 
 class RecordEnd(Callback):
-    """A user's callback, in this process: what each job's on_job_end sees."""
+    """A user's callback, in this process: what each job's on_job_end sees (HydraConfig is the
+    job's own while it runs, as under any launcher)."""
 
     def on_job_end(self, config, job_return, **kwargs):
+        from hydra.core.hydra_config import HydraConfig
+
         on_disk = json.loads((Path(config.hydra.runtime.output_dir) / "summary.json").read_text())
+        assert HydraConfig.get().job.num == config.hydra.job.num
         ENDED.append((config.hydra.job.num, job_return.return_value["status"],
                       on_disk["status"]))
 
@@ -477,6 +481,8 @@ def test_the_launcher_in_this_process_batches_a_structure_and_holds_each_job_end
     alone = sorted(j for j, s in done.items() if s["config"]["deterministic"])
     assert len(together) == len(alone) == 2
     assert "Launching 4 jobs in 3 groups, sweep output dir: sweep" in lines
+    for j, summary in done.items():  # each job's own overrides, before it is set up
+        assert f"\t#{j} : {' '.join(summary['overrides'])}" in lines
     for j in alone:
         assert (f"\t#{j} trains on its own: deterministic=true: each run is its own program, "
                 "bit for bit") in lines
