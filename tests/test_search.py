@@ -160,6 +160,8 @@ def test_a_search_through_the_entry_point_in_this_process_tells_optuna_each_tria
     assert rows["clip"][0] == 100 and 0.001 <= rows["clip"][1] <= 0.05
     assert rows["value"][0] == math.inf and list(rows["diverged"]) == [1, 0]
     assert list(rows["jobs"]) == [0, 1]  # each trial's one job, by its directory
+    values = pd.read_csv(sweep_dir / "search.csv", dtype={"values": str})["values"]
+    assert list(values) == ["inf", repr(float(rows["value"][1]))]  # each seed's, in full
     found = summaries(sweep_dir)
     assert rows["value"][1] == found["1"]["final_loss"] and found["0"]["status"] == "diverged"
     assert hparams_experiment(sweep_dir).domains["clip"] == sorted(
@@ -195,9 +197,10 @@ def test_a_trial_whose_runs_crash_is_failed_and_the_search_goes_on(tmp_path, mon
                         "hydra.sweep.dir=search")
     assert exit.value.code == 1
     assert not [w for w in caught if "could not be cast to float" in str(w.message)]
-    rows = pd.read_csv(tmp_path / "search" / "search.csv", keep_default_na=False)
+    rows = pd.read_csv(tmp_path / "search" / "search.csv", keep_default_na=False, dtype=str)
     assert list(rows["state"]) == ["fail", "fail"] and list(rows["value"]) == ["", ""]
-    assert list(rows["seeds"]) == [2, 2] and list(rows["values"]) == [" ", " "]
+    assert list(rows["seeds"]) == ["2", "2"] and list(rows["values"]) == [" ", " "]
+    assert list(rows["jobs"]) == ["0 1", "2 3"]  # each trial's two jobs, by their directories
     assert [line.split(": ", 1)[1] for line in lines[1:3]] == ["final_loss failed"] * 2
     assert lines[-1] == f"search: no trial has a value (see {Path('search/search.csv')})"
 

@@ -143,3 +143,35 @@ def test_a_float_is_written_in_full_and_anything_else_as_it_prints():
                                                                       choices=("x", "y"))], [])
     assert found.jobs({"a": 1 / 3, "b": "x"}) == [["a=0.3333333333333333", "b=x"]]
     assert found.jobs({"a": 1e-20, "b": 5}) == [["a=1e-20", "b=5"]]
+
+
+def test_optuna_is_given_the_sampler_and_the_distributions_the_space_says():
+    """Each dimension as Optuna's distribution (log scale and int step kept); sampler=random is
+    Optuna's RandomSampler, tpe its TPESampler, each seeded with sampler_seed: the seeded
+    sampler's first point is the one Optuna's own sampler of that seed draws."""
+    import optuna
+
+    from gradexp.sweeps.search.sweeper import _distribution, _sampler
+
+    found = space(["clip=tag(log, interval(0.001, 10))", "model.width=range(8, 65, 8)",
+                   "+layer.x=tag(log, range(1, 9))", "optimizer=choice(sgd, adam)"])
+    assert [_distribution(optuna, d) for d in found.dimensions] == [
+        optuna.distributions.FloatDistribution(0.001, 10.0, log=True),
+        optuna.distributions.IntDistribution(8, 64, step=8),
+        optuna.distributions.IntDistribution(1, 8, log=True),
+        optuna.distributions.CategoricalDistribution(("sgd", "adam"))]
+
+    def first_point(sampler) -> dict:
+        study = optuna.create_study(sampler=sampler)
+        return study.ask({d.name: _distribution(optuna, d) for d in found.dimensions}).params
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name, kind in (("random", optuna.samplers.RandomSampler),
+                       ("tpe", optuna.samplers.TPESampler)):
+        seeded = space(["clip=interval(0.1, 1)"], sampler=name, sampler_seed=3)
+        assert type(_sampler(optuna, seeded)) is kind
+    found = space(["clip=tag(log, interval(0.001, 10))", "optimizer=choice(sgd, adam)"],
+                  sampler="random", sampler_seed=3)
+    ours = first_point(_sampler(optuna, found))
+    assert ours == first_point(optuna.samplers.RandomSampler(seed=3))
+    assert ours != first_point(optuna.samplers.RandomSampler(seed=4))

@@ -150,12 +150,12 @@ def _distribution(optuna, d: Dimension):
 
 
 def _summary(result) -> dict:
-    """The run's summary (gradexp's task returns it); {} for a job that raised."""
+    """The run's summary (gradexp's task returns one on every path); {} for a job that
+    raised."""
     try:
-        value = result.return_value
+        return result.return_value
     except Exception:
         return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _job_dir(result, sweep_dir: Path) -> str:
