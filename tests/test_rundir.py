@@ -221,3 +221,24 @@ def test_the_holder_is_read_again_while_its_file_is_empty(tmp_path):
     path.write_bytes(b"pid 8 on h\xffst\n")
     assert runlock._holder(fd, wait=0.1) == "pid 8 on h\ufffdst"
     os.close(fd)
+
+
+def test_a_sweeps_last_lines_count_its_runs_and_name_the_unfinished_in_job_order(tmp_path,
+                                                                                  capsys):
+    """SweepRecord at a sweep's end: the runs by status, the ones that did not finish by job
+    (2 before 10, not as strings), the summarize command, exit status 1."""
+    from omegaconf import OmegaConf
+
+    from gradexp.sweeps.callbacks import SweepRecord
+
+    for job, status in [(0, "completed"), (2, "failed"), (10, "interrupted"), (11, "diverged")]:
+        (tmp_path / str(job)).mkdir()
+        rundir.write_json(tmp_path / str(job) / rundir.SUMMARY, {"status": status})
+    sweep = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    with pytest.raises(SystemExit) as exit:
+        SweepRecord().on_multirun_end(sweep)
+    assert exit.value.code == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"sweep: 4 runs (1 completed, 1 failed, 1 interrupted, 1 diverged) in {tmp_path}",
+        "runs that did not finish: 2, 10 (see their summary.json)",
+        f"summarize: python -m gradexp.summarize {tmp_path}"]

@@ -94,7 +94,6 @@ class Checks(Callback):
         jobs = _exit_if_invalid(check_all_jobs)
         if resumes_a_sweep(config) or searching:  # a resumed sweep has its HParams record;
             return  # the search writes it when its trials are known
-            return
         from gradexp.training.logs import write_hparams_config
 
         write_hparams_config(Path(config.hydra.sweep.dir), jobs)
@@ -127,8 +126,9 @@ def _never_reuse(node: DictConfig, key: str) -> None:
 class SweepRecord(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        statuses = {summary.parent.name: read_status(summary.parent)[0]
-                    for summary in sorted(sweep_dir.glob(f"*/{rundir.SUMMARY}"))}
+        jobs = sorted((s.parent for s in sweep_dir.glob(f"*/{rundir.SUMMARY}")), key=lambda d: (
+            not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))  # 2 before 10
+        statuses = {job.name: read_status(job)[0] for job in jobs}
         counts = Counter(statuses.values())
         unfinished = [name for name, s in statuses.items() if s not in rundir.FINISHED]
         account = ", ".join(f"{n} {status}" for status, n in counts.most_common())
