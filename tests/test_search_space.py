@@ -175,3 +175,10 @@ def test_optuna_is_given_the_sampler_and_the_distributions_the_space_says():
     ours = first_point(_sampler(optuna, found))
     assert ours == first_point(optuna.samplers.RandomSampler(seed=3))
     assert ours != first_point(optuna.samplers.RandomSampler(seed=4))
+
+
+def test_a_trial_is_logged_by_its_point_floats_to_four_digits():
+    from gradexp.sweeps.search.sweeper import _point
+
+    assert _point({"clip": 0.012345678, "model.width": 16, "optimizer": "adam"}) == (
+        "clip=0.01235, model.width=16, optimizer=adam")

@@ -82,7 +82,8 @@ class SearchSpace:
 
     def jobs(self, values: dict[str, Any]) -> list[list[str]]:
         """The overrides of a trial's jobs (one per seed) at `values` (name → value)."""
-        point = [f"{d.key}={format_value(values[d.name])}" for d in self.dimensions]
+        # a float in full: Python writes a float as the shortest string that reads back as it
+        point = [f"{d.key}={values[d.name]}" for d in self.dimensions]
         if not self.seeds:
             return [self.fixed + point]
         return [self.fixed + point + [f"{SEED_KEY}={s}"] for s in self.seeds]
@@ -106,11 +107,6 @@ def is_search(config: DictConfig) -> bool:
     """Whether the sweep is a search (`hydra/sweeper=optuna`: gradexp's search sweeper)."""
     target = OmegaConf.select(config, "hydra.sweeper._target_") or ""
     return target.endswith(".SearchSweeper")
-
-
-def format_value(value: Any) -> str:
-    """A trial's value as an override's right-hand side (floats in full, via repr)."""
-    return repr(value) if isinstance(value, float) else str(value)
 
 
 def from_config(sweeper: DictConfig, arguments: list[str]) -> SearchSpace:
