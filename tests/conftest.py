@@ -143,6 +143,19 @@ def in_this_process(monkeypatch, *args: str) -> None:
         train.main()
 
 
+def logged_lines(monkeypatch, *names: str) -> list:
+    """The lines of the loggers `names` as they are logged, for this test (Hydra's logging
+    config replaces the root logger's handlers: caplog sees none of a sweep's lines)."""
+    import logging
+
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    for name in names:
+        monkeypatch.setattr(logging.getLogger(name), "handlers", [handler])
+    return lines
+
+
 def exit_of(monkeypatch, *args: str) -> int:
     """`in_this_process(*args)` for a call that must end with SystemExit: its status (what it
     printed is capsys's to read)."""

@@ -441,19 +441,6 @@ class RecordEnd(Callback):
                       on_disk["status"]))
 
 
-def logged_lines(monkeypatch, *names: str) -> list[str]:
-    """The lines of the loggers `names` as they are logged (Hydra's logging config replaces
-    the root logger's handlers: caplog sees none of a sweep's lines)."""
-    import logging
-
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    for name in names:
-        monkeypatch.setattr(logging.getLogger(name), "handlers", [handler])
-    return lines
-
-
 LAUNCHER_LOG = "hydra_plugins.gradexp_launcher.gradexp_launcher"
 TINY = ["trainer.jit_compile=false", "trainer.steps=20", "trainer.log_every=10",
         "trainer.eval_every=20", "trainer.histogram_every=0", "model.width=8"]
@@ -468,7 +455,7 @@ def test_the_launcher_in_this_process_batches_a_structure_and_holds_each_job_end
     on_job_end sees each run finished, once."""
     import re
 
-    from conftest import in_this_process
+    from conftest import in_this_process, logged_lines
 
     monkeypatch.chdir(tmp_path)
     ENDED.clear()
@@ -506,7 +493,7 @@ def test_a_batch_that_fails_whole_in_this_process_trains_its_runs_one_by_one(
     launcher says so, clears its runs and trains each on its own, where each fails and is
     recorded so; each job's on_job_end is called once, with the run's failure; the sweep
     ends with exit status 1 (runs did not finish)."""
-    from conftest import in_this_process
+    from conftest import in_this_process, logged_lines
 
     monkeypatch.chdir(tmp_path)
     ENDED.clear()

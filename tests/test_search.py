@@ -4,14 +4,13 @@ sweeper and Hydra's basic launcher, then `python -m gradexp.summarize` on its di
 from __future__ import annotations
 
 import json
-import logging
 import math
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from conftest import gradexp
+from conftest import gradexp, logged_lines
 from gradexp.runs.measures import search_objective, trial_objective
 
 pytestmark = pytest.mark.slow  # runs gradexp end to end: the full tier only
@@ -124,16 +123,6 @@ def test_the_objective_ranks_a_diverged_run_after_every_finite_one():
     assert trial_objective([0.5, None]) is None
 
 
-def sweeper_lines(monkeypatch) -> list[str]:
-    """The search sweeper's log lines, as they are logged (Hydra's logging config replaces the
-    root logger's handlers, so pytest's caplog sees none of them)."""
-    lines: list[str] = []
-    logged = logging.Handler()
-    logged.emit = lambda record: lines.append(record.getMessage())
-    monkeypatch.setattr(logging.getLogger("gradexp.sweeps.search.sweeper"), "handlers", [logged])
-    return lines
-
-
 def test_a_search_through_the_entry_point_in_this_process_tells_optuna_each_trial(
         tmp_path, monkeypatch):
     """The search sweeper run here (mutation testing sees only this process): the enqueued
@@ -146,7 +135,7 @@ def test_a_search_through_the_entry_point_in_this_process_tells_optuna_each_tria
     from conftest import hparams_experiment, in_this_process
 
     monkeypatch.chdir(tmp_path)
-    lines = sweeper_lines(monkeypatch)
+    lines = logged_lines(monkeypatch, "gradexp.sweeps.search.sweeper")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         in_this_process(monkeypatch, "-m", "hydra/sweeper=optuna",
@@ -188,7 +177,7 @@ def test_a_trial_whose_runs_crash_is_failed_and_the_search_goes_on(tmp_path, mon
     from conftest import in_this_process
 
     monkeypatch.chdir(tmp_path)
-    lines = sweeper_lines(monkeypatch)
+    lines = logged_lines(monkeypatch, "gradexp.sweeps.search.sweeper")
     with pytest.raises(SystemExit) as exit, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         in_this_process(monkeypatch, "-m", *TINY, "hydra/sweeper=optuna", "seed=0,1",
