@@ -63,7 +63,9 @@ def in_process(*files: str) -> list[str]:
     and a subprocess that imports a mutated module fails while mutmut collects which tests
     reach which function (its trampoline looks for mutmut's config in the subprocess's working
     directory). A test starts one if its code, or that of a function or fixture of its file it
-    names (or imports from another test file), names one of STARTS_A_PROCESS."""
+    names (or imports from another test file), names one of STARTS_A_PROCESS. A file whose
+    tests all start none is given whole: a test added to it then changes no group's selection
+    (a changed selection makes mutmut forget every verdict of the group)."""
     return [test for file in files for test in _in_process(file)]
 
 
@@ -99,8 +101,9 @@ def _in_process(file: str) -> list[str]:
         fixtures = {a.arg for a in arguments.args} if takes_fixtures else set()
         return any(starts(n, seen | {name}) for n in ((loaded - own) | fixtures) - {name})
 
-    return [f"{file}::{name}" for name in functions
-            if name.startswith("test_") and not starts(name)]
+    tests = [name for name in functions if name.startswith("test_")]
+    kept = [name for name in tests if not starts(name)]
+    return [file] if kept == tests else [f"{file}::{name}" for name in kept]
 
 
 # group: (modules to mutate, test files or ids that exercise them), cheapest first
