@@ -87,7 +87,10 @@ def test_an_enqueued_point_may_lie_outside_a_range_but_not_outside_a_choice():
     (["clip=interval(0.1, 1)"], {"n_trial": 3},
      "hydra.sweeper.n_trial: no such setting of the search; allowed: n_trials, n_jobs, "
      "objective, sampler, sampler_seed, enqueue, params"),
-    (["clip=interval(0.1, 1"], {}, "hydra.sweeper.params: "),
+    (["clip=interval(0.1, 1"], {},  # the parser's own first line
+     "hydra.sweeper.params: no viable alternative at input 'interval(0.1, 1'"),
+    (["opt=glob(*)"], {}, "opt=glob(*): not a search dimension; use interval(low, high), "
+                          "range(low, high[, step]) or a choice a,b,c"),
     (["clip=tag(linear, interval(0.1, 1))"], {},
      "clip=tag(linear, interval(0.1, 1)): unknown tag 'linear'; allowed: log"),
     (["opt=tag(log, choice(a, b))"], {},
@@ -182,3 +185,9 @@ def test_a_trial_is_logged_by_its_point_floats_to_four_digits():
 
     assert _point({"clip": 0.012345678, "model.width": 16, "optimizer": "adam"}) == (
         "clip=0.01235, model.width=16, optimizer=adam")
+
+
+def test_the_configs_params_are_read_with_their_interpolations_resolved(monkeypatch):
+    monkeypatch.setenv("GRADEXP_TEST_LOW", "0.25")
+    found = space(params={"clip": "interval(${oc.env:GRADEXP_TEST_LOW}, 1)"})
+    assert [(d.name, d.low, d.high) for d in found.dimensions] == [("clip", 0.25, 1.0)]
