@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hydra.experimental.callback import Callback
 from test_sweep_resume import rows, start, summary_of, the_sweep, wait_for
-from test_sweeps import runs, sweep
+from test_sweeps import TINY, runs, sweep
 
 from conftest import QUICK, events, gradexp, processes_marked
 from gradexp import train as training
@@ -442,8 +442,6 @@ class RecordEnd(Callback):
 
 
 LAUNCHER_LOG = "hydra_plugins.gradexp_launcher.gradexp_launcher"
-TINY = ["trainer.jit_compile=false", "trainer.steps=20", "trainer.log_every=10",
-        "trainer.eval_every=20", "trainer.histogram_every=0", "model.width=8"]
 
 
 def test_the_launcher_in_this_process_batches_a_structure_and_holds_each_job_end(

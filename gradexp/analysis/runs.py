@@ -58,8 +58,7 @@ def load_runs(root: Path | str) -> tuple[list[Run], list[tuple[str, str]]]:
              if RUN_MARKERS.intersection(dirs) or RUN_MARKERS.intersection(files)}
     runs, skipped = [], []
     for run_dir in sorted(found, key=lambda p: tuple(
-            (0, int(part), "") if part.isdigit() else (1, 0, part)
-            for part in p.relative_to(root).parts)):
+            rundir.job_order(part) for part in p.relative_to(root).parts)):
         name = str(run_dir.relative_to(root))
         try:
             run = read_run(run_dir, name)

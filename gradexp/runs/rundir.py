@@ -72,6 +72,12 @@ class NotResumable(ValueError):
     """resume=<dir> cannot go on; the message is the one line the user sees."""
 
 
+def job_order(name: str) -> tuple:
+    """Sort key of a job directory's name: numbered jobs by number (2 before 10), then the
+    others by name."""
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write JSON atomically (a crash leaves the old file or the new one, never half of one)."""
     tmp = path.with_suffix(".json.tmp")

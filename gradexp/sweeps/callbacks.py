@@ -126,8 +126,8 @@ def _never_reuse(node: DictConfig, key: str) -> None:
 class SweepRecord(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        jobs = sorted((s.parent for s in sweep_dir.glob(f"*/{rundir.SUMMARY}")), key=lambda d: (
-            not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))  # 2 before 10
+        jobs = sorted((s.parent for s in sweep_dir.glob(f"*/{rundir.SUMMARY}")),
+                      key=lambda d: rundir.job_order(d.name))
         statuses = {job.name: read_status(job)[0] for job in jobs}
         counts = Counter(statuses.values())
         unfinished = [name for name, s in statuses.items() if s not in rundir.FINISHED]
