@@ -1,0 +1,425 @@
+"""Each schema's `check`, at both sides of every bound: the value just outside is refused with
+the one line `key=value: what is allowed` (written out here by hand), the value at or just inside
+the bound passes. test_config.py checks one bad value per key through the entry point's compose;
+this file pins the bounds themselves, on the schema objects, in this process.
+
+Also the rules of the launchers' and sweepers' settings (gradexp/config/plugins.py), which are
+built once when the module is imported, and the schemas' registration: in Hydra's ConfigStore,
+and of a new option class under its group."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from gradexp.config import base, plugins
+from gradexp.config.base import ConfigError
+from gradexp.config.clipping import (
+    AdaGCConfig,
+    AGCConfig,
+    AutoClipConfig,
+    GlobalNormClippingConfig,
+    NormClippingConfig,
+    ValueClippingConfig,
+    ZClipConfig,
+)
+from gradexp.config.dataset import (
+    AddingConfig,
+    ArraysConfig,
+    CIFAR10Config,
+    DigitsConfig,
+    FashionMNISTConfig,
+    Mnist1DConfig,
+    MNISTConfig,
+    SyntheticConfig,
+    TeacherConfig,
+    TFDSConfig,
+)
+from gradexp.config.layer import LayerConfig
+from gradexp.config.model import (
+    CNNConfig,
+    KerasModelConfig,
+    MLPConfig,
+    RNNConfig,
+    TransformerConfig,
+)
+from gradexp.config.optimizer import AdamConfig, AdamWConfig, KerasOptimizerConfig, SGDConfig
+from gradexp.config.trainer import TrainerConfig
+
+INF, NAN = math.inf, math.nan
+POSITIVE = "must be a positive number"
+VAL_FRACTION = "must be between 0 and 1 (exclusive)"
+ARRAYS = {"load": "my_data:load"}
+KERAS_OPTIMIZER = {"class_name": "Lion"}
+
+# (schema, its values apart from the defaults, the line `check` raises; None: it passes)
+BOUNDS = [
+    # clipping
+    (ValueClippingConfig, {"max_value": 0.0}, f"max_value=0.0: {POSITIVE}"),
+    (ValueClippingConfig, {"max_value": INF}, f"max_value=inf: {POSITIVE}"),
+    (ValueClippingConfig, {"max_value": 1e-9}, None),
+    (NormClippingConfig, {"max_norm": 0.0}, f"max_norm=0.0: {POSITIVE}"),
+    (NormClippingConfig, {"max_norm": 1e-9}, None),
+    (GlobalNormClippingConfig, {"max_norm": 0.0},
+     "max_norm=0.0: must be a positive number, or null (never clips)"),
+    (GlobalNormClippingConfig, {"max_norm": INF},
+     "max_norm=inf: must be a positive number, or null (never clips)"),
+    (GlobalNormClippingConfig, {"max_norm": 1e-9}, None),
+    (GlobalNormClippingConfig, {"max_norm": None}, None),
+    (AGCConfig, {"factor": 0.0}, f"factor=0.0: {POSITIVE}"),
+    (AGCConfig, {"eps": 0.0}, f"eps=0.0: {POSITIVE}"),
+    (AGCConfig, {"factor": 1e-9, "eps": 1e-9}, None),
+    (AutoClipConfig, {"percentile": -0.1}, "percentile=-0.1: must be a number in [0, 100]"),
+    (AutoClipConfig, {"percentile": 100.1}, "percentile=100.1: must be a number in [0, 100]"),
+    (AutoClipConfig, {"percentile": 0.0, "history": 1}, None),
+    (AutoClipConfig, {"percentile": 100.0}, None),
+    (AutoClipConfig, {"history": 0}, "history=0: must be an integer >= 1"),
+    (AdaGCConfig, {"clip_ratio": 0.0}, f"clip_ratio=0.0: {POSITIVE}"),
+    (AdaGCConfig, {"beta": 1.0}, "beta=1.0: must be in [0, 1)"),
+    (AdaGCConfig, {"beta": -0.1}, "beta=-0.1: must be in [0, 1)"),
+    (AdaGCConfig, {"beta": NAN}, "beta=nan: must be in [0, 1)"),
+    (AdaGCConfig, {"warmup_steps": -1}, "warmup_steps=-1: must be an integer >= 0"),
+    (AdaGCConfig, {"warmup_max_norm": 0.0},
+     "warmup_max_norm=0.0: must be a positive number, or null (no warm-up clipping)"),
+    (AdaGCConfig, {"warmup_max_norm": INF},
+     "warmup_max_norm=inf: must be a positive number, or null (no warm-up clipping)"),
+    (AdaGCConfig, {"clip_ratio": 1e-9, "beta": 0.0, "warmup_steps": 0,
+                   "warmup_max_norm": 1e-9}, None),
+    (AdaGCConfig, {"warmup_max_norm": None}, None),
+    (ZClipConfig, {"alpha": 0.0}, "alpha=0.0: must be in (0, 1)"),
+    (ZClipConfig, {"alpha": 1.0}, "alpha=1.0: must be in (0, 1)"),
+    (ZClipConfig, {"z_threshold": 0.0}, f"z_threshold=0.0: {POSITIVE}"),
+    (ZClipConfig, {"warmup_steps": 0}, "warmup_steps=0: must be an integer >= 1"),
+    (ZClipConfig, {"mode": "minmax"}, "mode=minmax: must be one of zscore, percentile"),
+    (ZClipConfig, {"clip_option": "median"},
+     "clip_option=median: must be one of adaptive_scaling, mean"),
+    (ZClipConfig, {"clip_factor": 0.0}, "clip_factor=0.0: must be a number in (0, 1]"),
+    (ZClipConfig, {"clip_factor": 1.5}, "clip_factor=1.5: must be a number in (0, 1]"),
+    (ZClipConfig, {"clip_factor": NAN}, "clip_factor=nan: must be a number in (0, 1]"),
+    (ZClipConfig, {"max_grad_norm": 0.0},
+     "max_grad_norm=0.0: must be a positive number, or null (no cap)"),
+    (ZClipConfig, {"max_grad_norm": INF},
+     "max_grad_norm=inf: must be a positive number, or null (no cap)"),
+    (ZClipConfig, {"alpha": 1e-9, "z_threshold": 1e-9, "warmup_steps": 1, "clip_factor": 1e-9,
+                   "max_grad_norm": 1e-9}, None),
+    (ZClipConfig, {"mode": "percentile", "clip_option": "mean"},
+     "clip_option=mean: not used by mode=percentile (leave it at adaptive_scaling)"),
+    (ZClipConfig, {"mode": "percentile", "clip_factor": 0.5},
+     "clip_factor=0.5: not used by mode=percentile (leave it at 1.0)"),
+    (ZClipConfig, {"clip_option": "mean", "clip_factor": 0.5},
+     "clip_factor=0.5: not used by clip_option=mean (leave it at 1.0)"),
+    (ZClipConfig, {"mode": "percentile"}, None),
+    (ZClipConfig, {"clip_option": "mean"}, None),
+    (ZClipConfig, {"clip_factor": 0.5}, None),
+    # datasets
+    (SyntheticConfig, {"num_examples": 1}, "num_examples=1: must be an integer >= 2"),
+    (SyntheticConfig, {"num_classes": 1}, "num_classes=1: must be an integer >= 2"),
+    (SyntheticConfig, {"num_features": 0}, "num_features=0: must be an integer >= 1"),
+    (SyntheticConfig, {"separation": -0.1}, "separation=-0.1: must be a number >= 0"),
+    (SyntheticConfig, {"separation": INF}, "separation=inf: must be a number >= 0"),
+    (SyntheticConfig, {"val_fraction": 0.0}, f"val_fraction=0.0: {VAL_FRACTION}"),
+    (SyntheticConfig, {"val_fraction": 1.0}, f"val_fraction=1.0: {VAL_FRACTION}"),
+    (SyntheticConfig, {"num_examples": 2, "num_classes": 2, "num_features": 1,
+                       "separation": 0.0, "val_fraction": 1e-9}, None),
+    (DigitsConfig, {"val_fraction": 1.0}, f"val_fraction=1.0: {VAL_FRACTION}"),
+    (DigitsConfig, {"val_fraction": 0.999}, None),
+    (Mnist1DConfig, {"val_fraction": 0.0}, f"val_fraction=0.0: {VAL_FRACTION}"),
+    (Mnist1DConfig, {"val_fraction": None}, None),
+    (Mnist1DConfig, {"val_fraction": 0.5}, None),
+    (AddingConfig, {"variant": "le2016"}, "variant=le2016: must be one of le2015, pascanu2013"),
+    (AddingConfig, {"length": 1}, "length=1: must be an integer >= 2"),
+    (AddingConfig, {"variant": "pascanu2013", "length": 9}, "length=9: must be an integer >= 10"),
+    (AddingConfig, {"num_examples": 1}, "num_examples=1: must be an integer >= 2"),
+    (AddingConfig, {"val_fraction": 1.0}, f"val_fraction=1.0: {VAL_FRACTION}"),
+    (AddingConfig, {"error_threshold": 0.0},
+     "error_threshold=0.0: must be a positive number or null"),
+    (AddingConfig, {"error_threshold": INF},
+     "error_threshold=inf: must be a positive number or null"),
+    (AddingConfig, {"success_below": 0.0}, "success_below=0.0: must be a number in (0, 1]"),
+    (AddingConfig, {"success_below": 1.5}, "success_below=1.5: must be a number in (0, 1]"),
+    (AddingConfig, {"success_below": NAN}, "success_below=nan: must be a number in (0, 1]"),
+    (AddingConfig, {"length": 2, "num_examples": 2, "error_threshold": 1e-9,
+                    "success_below": 1.0}, None),
+    (AddingConfig, {"variant": "pascanu2013", "length": 10, "success_below": 1e-9}, None),
+    (TeacherConfig, {"num_examples": 1}, "num_examples=1: must be an integer >= 2"),
+    (TeacherConfig, {"num_features": 0}, "num_features=0: must be an integer >= 1"),
+    (TeacherConfig, {"depth": 0}, "depth=0: must be an integer >= 1"),
+    (TeacherConfig, {"width": 0}, "width=0: must be an integer >= 1"),
+    (TeacherConfig, {"gain": 0.0}, f"gain=0.0: {POSITIVE}"),
+    (TeacherConfig, {"gain": INF}, f"gain=inf: {POSITIVE}"),
+    (TeacherConfig, {"noise": -0.1}, "noise=-0.1: must be a number >= 0"),
+    (TeacherConfig, {"noise": NAN}, "noise=nan: must be a number >= 0"),
+    (TeacherConfig, {"val_fraction": 0.0}, f"val_fraction=0.0: {VAL_FRACTION}"),
+    (TeacherConfig, {"num_examples": 2, "num_features": 1, "depth": 1, "width": 1,
+                     "gain": 1e-9, "noise": 0.0}, None),
+    (MNISTConfig, {"num_examples": 1}, "num_examples=1: must be an integer >= 2, or null (all)"),
+    (MNISTConfig, {"val_fraction": 0.0}, f"val_fraction=0.0: {VAL_FRACTION}"),
+    (MNISTConfig, {"num_examples": 2}, None),
+    (MNISTConfig, {"num_examples": None}, None),
+    (ArraysConfig, {**ARRAYS, "task": "ranking"},
+     "task=ranking: must be one of auto, classification, regression"),
+    (ArraysConfig, {**ARRAYS, "num_classes": 1},
+     "num_classes=1: must be an integer >= 2, or null (from the labels)"),
+    (ArraysConfig, {**ARRAYS, "task": "regression", "num_classes": 3},
+     "num_classes=3: must be null when dataset.task=regression"),
+    (ArraysConfig, {**ARRAYS, "task": "classification", "num_classes": 2}, None),
+    (ArraysConfig, {**ARRAYS, "task": "regression"}, None),
+    (TFDSConfig, {}, "name=tfds: must be the TFDS name of a dataset prepared in data_dir, "
+                     "e.g. dataset.name=mnist"),
+    (TFDSConfig, {"name": "mnist", "num_classes": 1},
+     "num_classes=1: must be an integer >= 2, or null (from the labels)"),
+    (TFDSConfig, {"name": "mnist"}, None),
+    # optimizers
+    (SGDConfig, {"learning_rate": 0.0}, "learning_rate=0.0: must be a positive number"),
+    (SGDConfig, {"learning_rate": INF}, "learning_rate=inf: must be a positive number"),
+    (SGDConfig, {"momentum": 1.0}, "momentum=1.0: must be in [0, 1)"),
+    (SGDConfig, {"momentum": -0.1}, "momentum=-0.1: must be in [0, 1)"),
+    (SGDConfig, {"learning_rate": 1e-9, "momentum": 0.0}, None),
+    (AdamConfig, {"learning_rate": 0.0}, "learning_rate=0.0: must be a positive number"),
+    (AdamConfig, {"beta_1": 1.0}, "beta_1=1.0: must be in [0, 1)"),
+    (AdamConfig, {"beta_1": -0.1}, "beta_1=-0.1: must be in [0, 1)"),
+    (AdamConfig, {"beta_2": 1.0}, "beta_2=1.0: must be in [0, 1)"),
+    (AdamConfig, {"beta_2": -0.1}, "beta_2=-0.1: must be in [0, 1)"),
+    (AdamConfig, {"epsilon": 0.0}, "epsilon=0.0: must be a positive number"),
+    (AdamConfig, {"beta_1": 0.0, "beta_2": 0.0, "epsilon": 1e-30}, None),
+    (AdamWConfig, {"beta_2": 1.0}, "beta_2=1.0: must be in [0, 1)"),
+    (AdamWConfig, {"weight_decay": -0.1}, "weight_decay=-0.1: must be a number >= 0"),
+    (AdamWConfig, {"weight_decay": INF}, "weight_decay=inf: must be a number >= 0"),
+    (AdamWConfig, {"weight_decay": 0.0}, None),
+    (KerasOptimizerConfig, {**KERAS_OPTIMIZER, "learning_rate": 0.0},
+     "learning_rate=0.0: must be a positive number"),
+    (KerasOptimizerConfig, {"class_name": " "},
+     "class_name= : must name a Keras optimizer (e.g. Lion) or a dotted path"),
+    (KerasOptimizerConfig, {"class_name": 3},
+     "class_name=3: must name a Keras optimizer (e.g. Lion) or a dotted path"),
+    (KerasOptimizerConfig, KERAS_OPTIMIZER, None),
+    # models
+    (MLPConfig, {"depth": 0}, "depth=0: must be an integer >= 1"),
+    (MLPConfig, {"width": 0}, "width=0: must be an integer >= 1"),
+    (MLPConfig, {"activation": "swish"},
+     "activation=swish: must be one of relu, tanh, sigmoid, gelu, elu, selu, silu, softplus, "
+     "linear"),
+    (MLPConfig, {"initializer": "zeros"},
+     "initializer=zeros: must be one of glorot_uniform, glorot_normal, he_uniform, he_normal, "
+     "lecun_uniform, lecun_normal, orthogonal, random_normal, random_uniform"),
+    (MLPConfig, {"depth": 1, "width": 1, "activation": "linear"}, None),
+    (CNNConfig, {"blocks": 0}, "blocks=0: must be an integer >= 1"),
+    (CNNConfig, {"filters": 0}, "filters=0: must be an integer >= 1"),
+    (CNNConfig, {"kernel_size": 0}, "kernel_size=0: must be an integer >= 1"),
+    (CNNConfig, {"width": 0}, "width=0: must be an integer >= 1"),
+    (CNNConfig, {"activation": "swish"},
+     "activation=swish: must be one of relu, tanh, sigmoid, gelu, elu, selu, silu, softplus, "
+     "linear"),
+    (CNNConfig, {"initializer": "zeros"},
+     "initializer=zeros: must be one of glorot_uniform, glorot_normal, he_uniform, he_normal, "
+     "lecun_uniform, lecun_normal, orthogonal, random_normal, random_uniform"),
+    (CNNConfig, {"blocks": 1, "filters": 1, "kernel_size": 1, "width": 1}, None),
+    (RNNConfig, {"cell": "rnn"}, "cell=rnn: must be one of simple, lstm, gru"),
+    (RNNConfig, {"units": 0}, "units=0: must be an integer >= 1"),
+    (RNNConfig, {"layers": 0}, "layers=0: must be an integer >= 1"),
+    (RNNConfig, {"activation": "swish"},
+     "activation=swish: must be one of relu, tanh, sigmoid, gelu, elu, selu, silu, softplus, "
+     "linear"),
+    (RNNConfig, {"recurrent_gain": 0.0}, f"recurrent_gain=0.0: {POSITIVE}"),
+    (RNNConfig, {"recurrent_gain": INF}, f"recurrent_gain=inf: {POSITIVE}"),
+    (RNNConfig, {"init": "orthogonal"}, "init=orthogonal: must be one of keras, pascanu2013"),
+    (RNNConfig, {"readout": "first"}, "readout=first: must be one of last, all"),
+    (RNNConfig, {"cell": "gru", "units": 1, "layers": 1, "recurrent_gain": 1e-9,
+                 "init": "pascanu2013", "readout": "all"}, None),
+    (TransformerConfig, {"blocks": 0}, "blocks=0: must be an integer >= 1"),
+    (TransformerConfig, {"heads": 0}, "heads=0: must be an integer >= 1"),
+    (TransformerConfig, {"mlp_width": 0}, "mlp_width=0: must be an integer >= 1"),
+    (TransformerConfig, {"width": 30, "heads": 4}, "width=30: must be a multiple of heads (4)"),
+    (TransformerConfig, {"norm": "none"}, "norm=none: must be one of pre, post"),
+    (TransformerConfig, {"activation": "swish"},
+     "activation=swish: must be one of relu, tanh, sigmoid, gelu, elu, selu, silu, softplus, "
+     "linear"),
+    (TransformerConfig, {"blocks": 1, "width": 3, "heads": 3, "mlp_width": 1, "norm": "post"},
+     None),
+    (KerasModelConfig, {"build": " "},
+     "build= : must be a dotted path such as my_package.models:make"),
+    (KerasModelConfig, {"build": 3}, "build=3: must be a dotted path such as "
+                                     "my_package.models:make"),
+    (KerasModelConfig, {"build": "my_models:make"}, None),
+    # the clip layers and the trainer
+    (LayerConfig, {"clip_min": NAN}, "clip_min=nan: must be a number or null"),
+    (LayerConfig, {"clip_max": NAN}, "clip_max=nan: must be a number or null"),
+    (LayerConfig, {"clip_min": -INF, "clip_max": INF}, None),
+    (LayerConfig, {"max_norm": 0.0}, "max_norm=0.0: must be a positive number or null"),
+    (LayerConfig, {"max_norm": INF}, "max_norm=inf: must be a positive number or null"),
+    (LayerConfig, {"max_norm": 1e-9, "norm_axis": "example"}, None),
+    (LayerConfig, {"norm_axis": "channel"}, "norm_axis=channel: must be one of batch, example"),
+    (LayerConfig, {"scale": INF}, "scale=inf: must be a finite number"),
+    (LayerConfig, {"grad_scale": NAN},
+     "grad_scale=nan: must be a finite number (negative reverses the gradient)"),
+    (LayerConfig, {"scale": -1e9, "grad_scale": -1.0}, None),
+    (TrainerConfig, {"steps": 0}, "steps=0: must be an integer >= 1"),
+    (TrainerConfig, {"batch_size": 0}, "batch_size=0: must be an integer >= 1"),
+    (TrainerConfig, {"log_every": 0}, "log_every=0: must be an integer >= 1"),
+    (TrainerConfig, {"eval_every": 0}, "eval_every=0: must be an integer >= 1"),
+    (TrainerConfig, {"histogram_every": -1},
+     "histogram_every=-1: must be an integer >= 0 (0: no histograms)"),
+    (TrainerConfig, {"loss_reduction": "max"}, "loss_reduction=max: must be one of sum, mean"),
+    (TrainerConfig, {"divergence_factor": 1.0}, "divergence_factor=1.0: must be a number > 1"),
+    (TrainerConfig, {"checkpoint_every": -1},
+     "checkpoint_every=-1: must be an integer >= 0 (0: only when the run stops)"),
+    (TrainerConfig, {"keep_checkpoints": 0}, "keep_checkpoints=0: must be an integer >= 1"),
+    (TrainerConfig, {"on_damaged_checkpoint": "skip"},
+     "on_damaged_checkpoint=skip: must be one of fail, restart"),
+    (TrainerConfig, {"on_divergence": "skip"}, "on_divergence=skip: must be one of stop, continue"),
+    (TrainerConfig, {"on_spike": "clip"}, "on_spike=clip: must be one of none, skip"),
+    (TrainerConfig, {"spike_z": 0.0}, "spike_z=0.0: must be a number > 0"),
+    (TrainerConfig, {"spike_warmup": 0}, "spike_warmup=0: must be an integer >= 1"),
+    (TrainerConfig, {"spike_alpha": 0.0}, "spike_alpha=0.0: must be a number in (0, 1)"),
+    (TrainerConfig, {"spike_alpha": 1.0}, "spike_alpha=1.0: must be a number in (0, 1)"),
+    (TrainerConfig, {"steps": 1, "batch_size": 1, "log_every": 1, "eval_every": 1,
+                     "histogram_every": 0, "divergence_factor": 1.001, "checkpoint_every": 0,
+                     "keep_checkpoints": 1, "spike_z": 1e-9, "spike_warmup": 1,
+                     "spike_alpha": 1e-9}, None),
+]
+
+
+def case_id(case) -> str:
+    schema, values, line = case
+    return f"{schema.__name__}-{'-'.join(f'{k}={v}' for k, v in values.items())}-" \
+           f"{'passes' if line is None else 'refused'}"
+
+
+@pytest.mark.parametrize(("schema", "values", "line"), BOUNDS, ids=map(case_id, BOUNDS))
+def test_each_check_refuses_just_outside_its_bounds_and_takes_the_bound(schema, values, line):
+    node = schema(**values)
+    if line is None:
+        node.check()
+        return
+    with pytest.raises(ConfigError) as caught:
+        node.check()
+    assert str(caught.value) == line
+
+
+@pytest.mark.parametrize(("schema", "shape"), [
+    (SyntheticConfig(num_features=7), (7,)), (TeacherConfig(num_features=5), (5,)),
+    (DigitsConfig(), (8, 8, 1)), (Mnist1DConfig(), (40, 1)), (AddingConfig(length=9), (9, 2)),
+    (MNISTConfig(), (28, 28, 1)), (FashionMNISTConfig(), (28, 28, 1)),
+    (CIFAR10Config(), (32, 32, 3)), (ArraysConfig(**ARRAYS), None)])
+def test_each_dataset_gives_the_shape_of_one_example(schema, shape):
+    assert schema.input_shape() == shape
+
+
+@pytest.mark.parametrize(("schema", "split"), [
+    (SyntheticConfig(), False), (Mnist1DConfig(), False), (Mnist1DConfig(val_fraction=0.2), True),
+    (TFDSConfig(name="mnist"), False), (TFDSConfig(name="mnist", split_test="test"), True),
+    (ArraysConfig(**ARRAYS), None)])
+def test_which_datasets_have_a_test_split(schema, split):
+    assert schema.has_test_split() is split
+
+
+# ------------------------------------------------------------ the launchers' and sweepers' rules
+def passes(rule, *values) -> list[bool]:
+    return [rule[0](v) for v in values]
+
+
+def test_the_rule_builders_of_plugin_settings_at_their_bounds():
+    count = plugins.count(1, " (jobs at once)")
+    assert passes(count, 1, 2, 0, True, 1.0, "1") == [True, True, False, False, False, False]
+    assert count[1] == "must be an integer >= 1 (jobs at once)"
+    assert passes(plugins.count(0), 0, -1) == [True, False]
+    assert plugins.count(0)[1] == "must be an integer >= 0"
+
+    amount = plugins.amount(" (CPUs)")
+    assert passes(amount, 0, 0.5, 2, -0.1, INF, NAN, True, "1") == [
+        True, True, True, False, False, False, False, False]
+    assert amount[1] == "must be a number >= 0 (CPUs)"
+    assert plugins.amount()[1] == "must be a number >= 0"
+
+    positive = plugins.positive(" (seconds)")
+    assert passes(positive, 1e-9, 3, 0, -1, INF, False) == [True, True, False, False, False, False]
+    assert positive[1] == "must be a positive number (seconds)"
+    assert plugins.positive()[1] == "must be a positive number"
+
+    optional = plugins.optional(plugins.count(1), "the default")
+    assert passes(optional, None, 1, 0) == [True, True, False]
+    assert optional[1] == "must be an integer >= 1, or null (the default)"
+
+    text = plugins.text("a job name")
+    assert passes(text, "x", " x ", " ", "", 3, None) == [True, True, False, False, False, False]
+    assert text[1] == "must be a job name"
+
+    word = plugins.word("a QOS name")
+    assert passes(word, "a", "gpu:2", "a,b", "a b", "a,", ",a", "", 3) == [
+        True, True, True, False, False, False, False, False]
+    assert word[1] == "must be a QOS name"
+
+    one_of = plugins.one_of("r+", None)
+    assert passes(one_of, "r+", None, "r") == [True, True, False]
+    assert one_of[1] == "must be one of r+, null"
+
+
+def test_a_memory_size_for_joblib_and_a_ray_address():
+    assert [plugins._bytes(v) for v in (None, "1M", "2G", "0K", "0", "1", 1, "abc")] == [
+        True, True, True, False, False, False, False, False]
+    assert [plugins._ray_address(v) for v in (
+        None, "auto", "local", "head:6379", "ray://head:10001", "10.0.0.1:1", "head:65535",
+        "head:0", "head:65536", "head", "http://head:6379", "ray://head", "head :1", 6379)] == [
+        True, True, True, True, True, True, True, False, False, False, False, False, False, False]
+
+
+# ------------------------------------------------------------------------------- registration
+def test_a_new_option_class_is_registered_under_its_group_and_an_intermediate_one_is_not():
+    from gradexp.config.optimizer import OptimizerConfig
+
+    options = OptimizerConfig.OPTIONS
+    before = options.items()
+
+    @dataclass
+    class Intermediate(OptimizerConfig):  # name MISSING: a base of options, not one
+        learning_rate: float = 0.1
+
+    assert options.items() == before
+    try:
+        @dataclass
+        class Mine(Intermediate):
+            name: str = "test_mine"
+
+        assert "test_mine" in options and options["test_mine"] is Mine
+        assert options.items() == sorted([*before, ("test_mine", Mine)])
+    finally:
+        options._entries.pop("test_mine", None)
+    assert "Intermediate" not in options and "adam" in options and 3 not in options
+
+
+def test_every_schema_is_in_hydras_config_store_under_its_group_and_name():
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from gradexp.config import hydra_glue
+    from gradexp.config.root import Config
+    from gradexp.config.search import SearchSweeperConfig
+
+    store = ConfigStore.instance()
+    saved = dict(store.repo)
+    try:
+        store.repo.clear()
+        hydra_glue.register()
+        stored = {name.removesuffix(".yaml"): OmegaConf.get_type(store.load(name).node)
+                  for name in store.list("")}
+    finally:
+        store.repo.clear()
+        store.repo.update(saved)
+    expected = {"base_config": Config, "search_sweeper_schema": SearchSweeperConfig}
+    for group in hydra_glue.GROUPS:
+        expected |= {f"{group.OPTIONS.group}_{name}_schema": schema
+                     for name, schema in group.OPTIONS.items()}
+    assert stored == expected
+    assert stored["clipping_zclip_schema"] is ZClipConfig  # spelled out once
+    assert stored["dataset_mnist1d_schema"] is Mnist1DConfig
+
+
+def test_show_need_and_finite():
+    assert base.show(None) == "null" and base.show(0.5) == "0.5"
+    assert [base.finite(v) for v in (0.0, -1e300, None, INF, -INF, NAN)] == [
+        True, True, False, False, False, False]
+    base.need(True, "k", 1, "anything")
+    with pytest.raises(ConfigError, match=r"^k=null: must be set$"):
+        base.need(False, "k", None, "must be set")
