@@ -245,10 +245,19 @@ def test_a_dotted_path_names_the_users_object_or_fails_in_one_line(tmp_path, mon
     (tmp_path / "my_pkg" / "models.py").write_text("def make(units=3):\n    return units\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".")])
-    for path in ("my_pkg.models:make", "my_pkg.models.make"):
+    for name in ("my_pkg", "my_pkg.models"):  # another test's package of this name
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    # the dotted form first: my_pkg.models is imported as the module (my_pkg has no attribute
+    # models until then), then the colon form, whose first colon ends the module
+    for path in ("my_pkg.models.make", "my_pkg.models:make"):
         assert config.import_object("model.build", path)(units=5) == 5
+    assert sys.path.count("") == 1 and "." not in sys.path  # the working directory, once
+    monkeypatch.setattr(sys, "path", [".", *(p for p in sys.path if p != "")])
+    assert config.import_object("model.build", "my_pkg.models:make")() == 3
+    assert "" not in sys.path  # "." is the working directory already
     for path, why in [("my_pkg.nothing:make", "cannot import my_pkg.nothing"),
                       ("my_pkg.models:absent", "my_pkg.models has no absent"),
+                      ("my_pkg.models:make:x", "my_pkg.models has no make:x"),
                       ("make", "must be a dotted path")]:
         with pytest.raises(config.ConfigError, match=f"^model.build={path}: {why}"):
             config.import_object("model.build", path)

@@ -357,12 +357,98 @@ def test_the_rule_builders_of_plugin_settings_at_their_bounds():
 
 
 def test_a_memory_size_for_joblib_and_a_ray_address():
-    assert [plugins._bytes(v) for v in (None, "1M", "2G", "0K", "0", "1", 1, "abc")] == [
-        True, True, True, False, False, False, False, False]
+    assert [plugins._bytes(v) for v in (None, "1M", "2G", "0.001K", "0K", "0", "1", 1, "abc")] == [
+        True, True, True, True, False, False, False, False, False]  # 0.001K: 1 byte
     assert [plugins._ray_address(v) for v in (
         None, "auto", "local", "head:6379", "ray://head:10001", "10.0.0.1:1", "head:65535",
         "head:0", "head:65536", "head", "http://head:6379", "ray://head", "head :1", 6379)] == [
         True, True, True, True, True, True, True, False, False, False, False, False, False, False]
+
+
+def test_slurm_takes_one_memory_setting_and_a_warning_before_its_time_limit():
+    plain = {"mem_gb": None, "mem_per_cpu": None, "mem_per_gpu": None, "signal_delay_s": 59,
+             "timeout_min": 1}
+    plugins._slurm(plain)
+    for one in ({"mem_gb": 4}, {"mem_per_cpu": "4G"}, {"mem_per_gpu": "16G"}):
+        plugins._slurm({**plain, **one})
+    with pytest.raises(ConfigError) as caught:
+        plugins._slurm({**plain, "mem_gb": 4, "mem_per_gpu": "16G"})
+    assert str(caught.value) == ("hydra.launcher.mem_gb=4, hydra.launcher.mem_per_gpu=16G: Slurm "
+                                 "takes one of them; set the others to null")
+    with pytest.raises(ConfigError) as caught:
+        plugins._slurm({**plain, "signal_delay_s": 60})
+    assert str(caught.value) == ("hydra.launcher.signal_delay_s=60: must be less than the time "
+                                 "limit, hydra.launcher.timeout_min=1 minutes (60 s)")
+
+
+def test_ray_init_takes_ray_inits_arguments_and_counts_of_cpus_and_gpus():
+    for init in ({}, {"num_cpus": 0, "num_gpus": 0}, {"num_cpus": None, "num_gpus": 2},
+                 {"num_cpus": 3, "log_to_driver": False}):
+        plugins._ray({"init": init})
+    for init, line in [
+            ({"num_gpus": -1}, "hydra.launcher.init.num_gpus=-1: must be an integer >= 0, or "
+                               "null (what the machine has)"),
+            ({"num_cpus": 1.5}, "hydra.launcher.init.num_cpus=1.5: must be an integer >= 0, or "
+                                "null (what the machine has)")]:
+        with pytest.raises(ConfigError) as caught:
+            plugins._ray({"init": init})
+        assert str(caught.value) == line
+
+
+def test_a_local_ray_runtime_is_counted_as_ray_counts_it(monkeypatch, tmp_path):
+    """What `ray.init` would start here: Ray's count of CPUs, and of GPUs at most as many as
+    CUDA_VISIBLE_DEVICES lists (four on the node, two visible: two); RAY_OVERRIDE_RESOURCES and
+    hydra.launcher.init before them; nothing counted for a cluster it would join instead."""
+    from ray._private.accelerators import NvidiaGPUAcceleratorManager
+    from ray._private.utils import get_num_cpus
+
+    for variable in ("RAY_ADDRESS", "RAY_OVERRIDE_RESOURCES", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(NvidiaGPUAcceleratorManager, "get_current_node_num_accelerators",
+                        staticmethod(lambda: 4))  # a node with four GPUs (this one has none)
+    counted = (get_num_cpus(), "counted by Ray")
+    assert plugins._local_ray_node(None, {}) == {"num_cpus": counted,
+                                                 "num_gpus": (4, "counted by Ray")}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert plugins._local_ray_node("local", {}) == {"num_cpus": counted,
+                                                    "num_gpus": (2, "counted by Ray")}
+    assert plugins._local_ray_node(None, {"num_cpus": 8, "num_gpus": 0}) == {
+        "num_cpus": (8, "hydra.launcher.init.num_cpus"),
+        "num_gpus": (0, "hydra.launcher.init.num_gpus")}
+    monkeypatch.setenv("RAY_OVERRIDE_RESOURCES", '{"CPU": 3, "GPU": 1}')
+    assert plugins._local_ray_node(None, {"num_cpus": 8, "num_gpus": 0}) == {
+        "num_cpus": (3, "RAY_OVERRIDE_RESOURCES"), "num_gpus": (1, "RAY_OVERRIDE_RESOURCES")}
+    monkeypatch.delenv("RAY_OVERRIDE_RESOURCES")
+
+    # a cluster that `ray start` left here (its address in Ray's temporary directory) is joined
+    (tmp_path / "ray_current_cluster").write_text("10.0.0.1:6379")
+    assert plugins._local_ray_node(None, {"_temp_dir": str(tmp_path)}) is None
+    assert plugins._local_ray_node("local", {"_temp_dir": str(tmp_path)}) is not None
+    monkeypatch.setenv("RAY_ADDRESS", "local")  # a new runtime, as address=local asks
+    assert plugins._local_ray_node(None, {})["num_gpus"] == (2, "counted by Ray")
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")
+    assert plugins._local_ray_node(None, {}) is None
+    assert plugins._local_ray_node("auto", {}) is None
+    assert plugins._local_ray_node("head:6379", {}) is None
+
+
+def test_a_runs_directory_is_the_resumed_runs_else_a_new_dated_one():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from conftest import CONF
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(CONF), version_base="1.3"):
+            new, resumed = (compose("config", overrides=overrides, return_hydra_config=True)
+                            for overrides in ([], ["resume=runs/a"]))
+            assert resumed.hydra.run.dir == "runs/a"
+            assert new.hydra.run.dir.startswith("outputs/20")
+            assert new.hydra.output_subdir == ".hydra"
+            assert resumed.hydra.output_subdir.startswith(".hydra/resumed-20")
+    finally:
+        GlobalHydra.instance().clear()
 
 
 # ------------------------------------------------------------------------------- registration
@@ -387,6 +473,21 @@ def test_a_new_option_class_is_registered_under_its_group_and_an_intermediate_on
     finally:
         options._entries.pop("test_mine", None)
     assert "Intermediate" not in options and "adam" in options and 3 not in options
+
+
+def test_a_groups_base_class_is_no_option_of_its_group_even_with_a_name():
+    from typing import ClassVar
+
+    @dataclass
+    class Group(base.Choice):
+        OPTIONS: ClassVar[base.Registry] = base.Registry("group", "schema", "here")
+        name: str = "the_base"
+
+    @dataclass
+    class Option(Group):
+        name: str = "option"
+
+    assert Group.OPTIONS.items() == [("option", Option)]
 
 
 def test_every_schema_is_in_hydras_config_store_under_its_group_and_name():
