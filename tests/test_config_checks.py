@@ -4,8 +4,8 @@ the bound passes. test_config.py checks one bad value per key through the entry 
 this file pins the bounds themselves, on the schema objects, in this process.
 
 Also the rules of the launchers' and sweepers' settings (gradexp/config/plugins.py), which are
-built once when the module is imported, and the schemas' registration: in Hydra's ConfigStore,
-and of a new option class under its group."""
+built once when the module is imported, the schemas' registration (in Hydra's ConfigStore,
+and of a new option class under its group), and Hydra's errors turned into one line."""
 
 from __future__ import annotations
 
@@ -505,6 +505,7 @@ def test_every_schema_is_in_hydras_config_store_under_its_group_and_name():
         hydra_glue.register()
         stored = {name.removesuffix(".yaml"): OmegaConf.get_type(store.load(name).node)
                   for name in store.list("")}
+        arrays = store.load("dataset_arrays_schema.yaml").node
     finally:
         store.repo.clear()
         store.repo.update(saved)
@@ -513,6 +514,8 @@ def test_every_schema_is_in_hydras_config_store_under_its_group_and_name():
         expected |= {f"{group.OPTIONS.group}_{name}_schema": schema
                      for name, schema in group.OPTIONS.items()}
     assert stored == expected
+    arrays.kwargs.n = 300  # a loader's keyword argument, which no schema declares: no `+`
+    assert arrays.kwargs == {"n": 300}
     assert stored["clipping_zclip_schema"] is ZClipConfig  # spelled out once
     assert stored["dataset_mnist1d_schema"] is Mnist1DConfig
 
@@ -524,3 +527,25 @@ def test_show_need_and_finite():
     base.need(True, "k", 1, "anything")
     with pytest.raises(ConfigError, match=r"^k=null: must be set$"):
         base.need(False, "k", None, "must be set")
+
+
+def test_hydras_and_omegaconfs_errors_in_one_line():
+    from hydra.errors import ConfigCompositionException, OverrideParseException
+    from omegaconf.errors import ValidationError
+
+    from gradexp.config.hydra_glue import explain
+
+    def caused(exc, cause):
+        exc.__cause__ = cause
+        return exc
+
+    bad_bool = ValidationError("Value 'maybe' is not a valid bool")
+    assert explain(caused(ConfigCompositionException("Error merging override x.flag=maybe"),
+                          bad_bool)) == "x.flag=maybe: Value 'maybe' is not a valid bool"
+    assert explain(caused(ConfigCompositionException("Error composing"), bad_bool)) == (
+        "config: Value 'maybe' is not a valid bool")  # no key known: the config's
+    assert explain(ConfigCompositionException("Could not override 'x'.\n  To append, use +x")) \
+        == "Could not override 'x'. To append, use +x"  # Hydra's lines joined
+    assert explain(OverrideParseException("clip=[1,", "no viable\n  alternative")) == (
+        "clip=[1,: no viable alternative")
+    assert explain(caused(RuntimeError("a bug"), bad_bool)) is None  # not Hydra's: a traceback
