@@ -229,6 +229,7 @@ BOUNDS = [
     (RNNConfig, {"cell": "gru", "units": 1, "layers": 1, "recurrent_gain": 1e-9,
                  "init": "pascanu2013", "readout": "all"}, None),
     (TransformerConfig, {"blocks": 0}, "blocks=0: must be an integer >= 1"),
+    (TransformerConfig, {"width": 0}, "width=0: must be an integer >= 1"),
     (TransformerConfig, {"heads": 0}, "heads=0: must be an integer >= 1"),
     (TransformerConfig, {"mlp_width": 0}, "mlp_width=0: must be an integer >= 1"),
     (TransformerConfig, {"width": 30, "heads": 4}, "width=30: must be a multiple of heads (4)"),
@@ -432,11 +433,12 @@ def test_a_local_ray_runtime_is_counted_as_ray_counts_it(monkeypatch, tmp_path):
     assert plugins._local_ray_node("head:6379", {}) is None
 
 
-def test_a_runs_directory_is_the_resumed_runs_else_a_new_dated_one():
+def test_a_runs_directory_is_the_resumed_runs_else_a_new_dated_one_and_a_job_sees_no_hydra():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from conftest import CONF
+    from gradexp.config.hydra_glue import task_config
 
     GlobalHydra.instance().clear()
     try:
@@ -449,6 +451,8 @@ def test_a_runs_directory_is_the_resumed_runs_else_a_new_dated_one():
             assert resumed.hydra.output_subdir.startswith(".hydra/resumed-20")
     finally:
         GlobalHydra.instance().clear()
+    assert "hydra" in new and set(task_config(new)) == set(new) - {"hydra"}
+    assert task_config(new).trainer == new.trainer
 
 
 # ------------------------------------------------------------------------------- registration
