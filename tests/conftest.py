@@ -18,6 +18,20 @@ QUICK = ["trainer.steps=30", "trainer.log_every=10", "trainer.eval_every=30",
          "trainer.histogram_every=30", "model.width=16"]
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under mutmut (tests/mutation.py), a mutant's tests fastest first, by the durations mutmut
+    measured (its stats file, in the working directory it runs pytest in): with -x, a mutant a
+    fast test kills is not first run through the slow ones. mutmut gives the tests as a set,
+    whose order is arbitrary."""
+    stats = Path("mutmut-stats.json")
+    if not os.environ.get("MUTANT_UNDER_TEST") or not stats.exists():
+        return
+    import json
+
+    seconds = json.loads(stats.read_text()).get("duration_by_test", {})
+    items.sort(key=lambda item: seconds.get(item.nodeid, float("inf")))
+
+
 @pytest.fixture(autouse=True)
 def fresh_global_state():
     """What a test's in-process run sets for the whole process
