@@ -239,10 +239,12 @@ def tiny_shapes(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 @pytest.fixture(scope="module")
 def tfds_dir(tmp_path_factory):
     """A data_dir holding `tiny_shapes` (160 training images, 40 test ones), prepared offline by
-    tensorflow-datasets' own machinery: a GeneratorBasedBuilder's download_and_prepare."""
+    tensorflow-datasets' own machinery: a GeneratorBasedBuilder's download_and_prepare. Its class
+    is not registered with TFDS (as a user's builder is not, in gradexp's process): the runs find
+    the dataset by its files alone, and a second setup in one process (mutmut's) is no clash."""
     import tensorflow_datasets as tfds
 
-    class TinyShapes(tfds.core.GeneratorBasedBuilder):
+    class TinyShapes(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         VERSION = tfds.core.Version("1.0.0")
 
         def _info(self):
