@@ -19,22 +19,21 @@ QUICK = ["trainer.steps=30", "trainer.log_every=10", "trainer.eval_every=30",
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under mutmut (tests/mutation.py), a mutant's test files in the order of their fastest
-    test, by the durations mutmut measured (its stats file, in the working directory it runs
-    pytest in): with -x, a mutant a fast test kills is not first run through the slow files.
-    mutmut gives the tests as a set, whose order is arbitrary. Each file's tests stay together
-    and in their order, so a module's fixture is set up once, as in any run."""
+    """Under mutmut (tests/mutation.py), a mutant's test files cheapest first: by the seconds
+    its tests there took in mutmut's measurement (its stats file, in the working directory it
+    runs pytest in). With -x, a mutant a quick file's test kills is not first run through a
+    slow file. mutmut gives the tests as a set, whose order is arbitrary. Each file's tests
+    stay together and in their order, so a module's fixture is set up once, as in any run."""
     stats = Path("mutmut-stats.json")
     if not os.environ.get("MUTANT_UNDER_TEST") or not stats.exists():
         return
     import json
 
     seconds = json.loads(stats.read_text()).get("duration_by_test", {})
-    fastest: dict[str, float] = {}
+    cost: dict[Path, float] = {}
     for item in items:
-        fastest[item.path] = min(fastest.get(item.path, float("inf")),
-                                 seconds.get(item.nodeid, float("inf")))
-    items.sort(key=lambda item: fastest[item.path])  # stable: a file's order kept
+        cost[item.path] = cost.get(item.path, 0.0) + seconds.get(item.nodeid, 60.0)
+    items.sort(key=lambda item: cost[item.path])  # stable: a file's order kept
 
 
 @pytest.fixture(autouse=True)
