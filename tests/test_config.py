@@ -242,7 +242,8 @@ def test_each_job_of_a_sweep_is_composed_once(monkeypatch):
 def test_a_dotted_path_names_the_users_object_or_fails_in_one_line(tmp_path, monkeypatch):
     (tmp_path / "my_pkg").mkdir()
     (tmp_path / "my_pkg" / "__init__.py").write_text("")
-    (tmp_path / "my_pkg" / "models.py").write_text("def make(units=3):\n    return units\n")
+    (tmp_path / "my_pkg" / "models.py").write_text(
+        "def make(units=3):\n    return units\n\n\nclass Maker:\n    make = staticmethod(make)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".")])
     for name in ("my_pkg", "my_pkg.models"):  # another test's package of this name
@@ -252,6 +253,7 @@ def test_a_dotted_path_names_the_users_object_or_fails_in_one_line(tmp_path, mon
     for path in ("my_pkg.models.make", "my_pkg.models:make"):
         assert config.import_object("model.build", path)(units=5) == 5
     assert sys.path.count("") == 1 and "." not in sys.path  # the working directory, once
+    assert config.import_object("model.build", "my_pkg.models:Maker.make")(units=4) == 4
     monkeypatch.setattr(sys, "path", [".", *(p for p in sys.path if p != "")])
     assert config.import_object("model.build", "my_pkg.models:make")() == 3
     assert "" not in sys.path  # "." is the working directory already

@@ -10,7 +10,9 @@ and of a new option class under its group), and Hydra's errors turned into one l
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -518,8 +520,11 @@ def test_every_schema_is_in_hydras_config_store_under_its_group_and_name():
         expected |= {f"{group.OPTIONS.group}_{name}_schema": schema
                      for name, schema in group.OPTIONS.items()}
     assert stored == expected
-    arrays.kwargs.n = 300  # a loader's keyword argument, which no schema declares: no `+`
+    OmegaConf.set_struct(arrays, True)  # as Hydra composes it: no key a schema lacks
+    arrays.kwargs.n = 300  # but a loader's keyword argument, which no schema declares: no `+`
     assert arrays.kwargs == {"n": 300}
+    with pytest.raises(AttributeError):
+        arrays.n = 300
     assert stored["clipping_zclip_schema"] is ZClipConfig  # spelled out once
     assert stored["dataset_mnist1d_schema"] is Mnist1DConfig
 
@@ -553,3 +558,58 @@ def test_hydras_and_omegaconfs_errors_in_one_line():
     assert explain(OverrideParseException("clip=[1,", "no viable\n  alternative")) == (
         "clip=[1,: no viable alternative")
     assert explain(caused(RuntimeError("a bug"), bad_bool)) is None  # not Hydra's: a traceback
+
+
+def test_each_job_of_a_sweep_is_composed_once_and_handed_out_as_its_own_copy():
+    """hydra_glue.compose_once on Hydra's own config loader: the second load of a job is the
+    first's composition, copied whole (a launcher writes into the config it gets)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import RunMode
+
+    from conftest import CONF
+    from gradexp.config.hydra_glue import compose_once
+
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF)))
+    master = loader.load_configuration("config", overrides=["clip=0.1,0.2"],
+                                       run_mode=RunMode.MULTIRUN)
+    composed = []
+    load = loader.load_sweep_config
+    loader.load_sweep_config = lambda *args: composed.append(args[1]) or load(*args)
+    compose_once(loader, master)
+    first, again = (loader.load_sweep_config(master, ["clip=0.1"]) for _ in range(2))
+    other = loader.load_sweep_config(master, ["clip=0.2"])
+    assert composed == [["clip=0.1"], ["clip=0.2"]]  # each job's overrides composed once
+    assert (first.clip, again.clip, other.clip) == (0.1, 0.1, 0.2)
+    first.trainer.steps = 7
+    assert again.trainer.steps == 1000  # its own copy, to the last node
+
+
+def test_slurms_launchers_without_slurms_commands_are_named_as_chosen(monkeypatch):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
+
+    from conftest import CONF
+
+    monkeypatch.setenv("PATH", os.pathsep.join(
+        d for d in os.environ.get("PATH", "").split(os.pathsep)
+        if not any(Path(d, c).exists() for c in ("srun", "sbatch"))))
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(CONF), version_base="1.3"):
+            chosen = compose("config", overrides=["hydra/launcher=submitit_slurm"],
+                             return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    advice = ("not found on PATH; run the sweep on a machine of the Slurm cluster (a login "
+              "node), or choose a launcher for this one: hydra/launcher=gradexp, ray, joblib or "
+              "submitit_local")
+    with pytest.raises(ConfigError) as caught:
+        plugins.check_machine(chosen)
+    assert str(caught.value) == f"hydra/launcher=submitit_slurm: srun and sbatch {advice}"
+    with open_dict(chosen.hydra.runtime):  # composed outside a run: Slurm's launcher, unnamed
+        del chosen.hydra.runtime["choices"]
+    with pytest.raises(ConfigError) as caught:
+        plugins.check_machine(chosen)
+    assert str(caught.value) == f"hydra/launcher=slurm: srun and sbatch {advice}"
