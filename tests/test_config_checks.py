@@ -613,3 +613,35 @@ def test_slurms_launchers_without_slurms_commands_are_named_as_chosen(monkeypatc
     with pytest.raises(ConfigError) as caught:
         plugins.check_machine(chosen)
     assert str(caught.value) == f"hydra/launcher=slurm: srun and sbatch {advice}"
+
+
+def test_an_override_without_a_key_is_refused_whatever_its_prefix():
+    from gradexp.config.hydra_glue import check_overrides
+
+    check_overrides(["-m", "clip=0.1", "+a=1", "~b", "X=1", "--cfg=job", "a==1"])
+    for bad in ("=1", "+=1", "~=1", "++=1"):
+        with pytest.raises(ConfigError) as caught:
+            check_overrides(["clip=0.1", bad])
+        assert str(caught.value) == f"{bad}: no key before '='; an override is key=value"
+
+
+def test_a_plugin_setting_is_read_resolved_unless_hydra_fills_it_in_per_job():
+    from omegaconf import OmegaConf
+
+    settings = OmegaConf.create({"name": "${hydra.job.name}", "init": {"dir": "${where}"},
+                                 "where": "/tmp/ray", "cpus": 3})
+    assert plugins._value(settings, "cpus") == 3
+    init = plugins._value(settings, "init")
+    assert type(init) is dict and init == {"dir": "/tmp/ray"}
+    assert plugins._value(settings, "name") == "${hydra.job.name}"  # as written
+
+
+def test_a_sweepers_settings_are_checked_without_a_launcher_node():
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create({"hydra": {"launcher": None, "sweeper": {
+        "_target_": plugins.SEARCH_SWEEPER, "sampler_seed": -1}}})
+    with pytest.raises(ConfigError) as caught:
+        plugins.check_plugins(config)
+    assert str(caught.value) == ("hydra.sweeper.sampler_seed=-1: must be an integer in "
+                                 "[0, 2**32 - 1], or null (a new sequence every time)")

@@ -93,7 +93,7 @@ def check_overrides(overrides: list[str]) -> None:
     """Raise ConfigError for an override with nothing before its `=` (`=1`), which Hydra takes
     for a choice of the primary config's group and refuses in a traceback naming neither."""
     for override in overrides:
-        if not override.startswith("-") and override.lstrip("+~").startswith("="):
+        if override.lstrip("+~").startswith("="):
             raise ConfigError(f"{override}: no key before '='; an override is key=value")
 
 
