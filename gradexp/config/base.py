@@ -47,11 +47,11 @@ def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
     need(value in allowed, key, value, f"must be one of {', '.join(allowed)}")
 
 
-def at_least(node: Any, minimum: float, *keys: str) -> None:
+def at_least(node: Any, minimum: int, *keys: str) -> None:
+    """Each of the integer settings `keys` of `node` at least `minimum`."""
     for key in keys:
         value = getattr(node, key)
-        kind = "an integer" if isinstance(value, int) else "a number"
-        need(value >= minimum, key, value, f"must be {kind} >= {minimum}")
+        need(value >= minimum, key, value, f"must be an integer >= {minimum}")
 
 
 def check_positive(key: str, value: float) -> None:

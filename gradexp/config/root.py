@@ -81,13 +81,11 @@ def validate(cfg: DictConfig) -> None:
 def _no_missing(node: DictConfig, prefix: str) -> None:
     """A key its YAML leaves ??? (MISSING) and the command line did not set: one line naming
     it and what to set it to (its schema field's `metadata["allowed"]`)."""
-    schema = OmegaConf.get_type(node)
-    fields = {f.name: f for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(
-        schema) else {}
+    fields = {f.name: f for f in dataclasses.fields(OmegaConf.get_type(node))}  # its schema's
     for key in node:
         if OmegaConf.is_missing(node, key):
-            allowed = fields[key].metadata.get("allowed") if key in fields else None
-            need(False, f"{prefix}.{key}", "???", allowed or "must be set")
+            allowed = fields[key].metadata.get("allowed", "must be set")
+            need(False, f"{prefix}.{key}", "???", allowed)
 
 
 def _unknown_keys(node: DictConfig, prefix: str = "") -> None:
