@@ -645,3 +645,29 @@ def test_a_sweepers_settings_are_checked_without_a_launcher_node():
         plugins.check_plugins(config)
     assert str(caught.value) == ("hydra.sweeper.sampler_seed=-1: must be an integer in "
                                  "[0, 2**32 - 1], or null (a new sequence every time)")
+
+
+@pytest.mark.parametrize(("overrides", "line"), [
+    (["clip=0"], "clip=0.0: must be a positive number or null (null: no clipping)"),
+    (["clip=1e-9", "seed=0"], None),
+    (["seed=4294967295", "dataset.seed=4294967295"], None),  # 2**32 - 1, NumPy's largest
+    (["seed=4294967296"], "seed=4294967296: must be an integer in [0, 2**32 - 1]"),
+    (["dataset.seed=-1"], "dataset.seed=-1: must be an integer in [0, 2**32 - 1]"),
+    (["dataset.seed=4294967296"], "dataset.seed=4294967296: must be an integer in [0, 2**32 - 1]"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_the_run_wide_bounds_of_clip_and_the_seeds(overrides, line):
+    from gradexp import api
+
+    if line is None:
+        api.compose(*overrides)
+        return
+    with pytest.raises(ConfigError) as caught:
+        api.compose(*overrides)
+    assert str(caught.value) == line
+
+
+def test_what_one_example_is_by_the_rank_of_its_shape():
+    from gradexp.config.model import input_kind
+
+    assert [input_kind(s) for s in ((3,), (5, 2), (8, 8, 1), (2, 3, 4, 5))] == [
+        "vectors", "sequences", "images", "rank-4 arrays"]
