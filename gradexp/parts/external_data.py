@@ -100,7 +100,7 @@ def tfds_splits(d: DictConfig) -> tuple[XY, XY, XY | None, int | None]:
     features = builder.info.features
     for key in ("x_key", "y_key"):
         need(d[key] in features, f"dataset.{key}", d[key],
-             f"must be one of {d.name}'s features: {', '.join(features)}")
+             f"must be one of {d.name}'s features: {', '.join(sorted(features))}")
     splits = [tfds_split(builder, d, key) for key in ("split_train", "split_val")]
     test = tfds_split(builder, d, "split_test") if d.split_test is not None else None
     labels = getattr(features[d.y_key], "num_classes", None) if d.task != "regression" else None
