@@ -55,6 +55,11 @@ POSITIVE = "must be a positive number"
 VAL_FRACTION = "must be between 0 and 1 (exclusive)"
 ARRAYS = {"load": "my_data:load"}
 KERAS_OPTIMIZER = {"class_name": "Lion"}
+BAD_ACTIVATION = ("activation=swish: must be one of relu, tanh, sigmoid, gelu, elu, selu, silu, "
+                  "softplus, linear")
+BAD_INITIALIZER = ("initializer=zeros: must be one of glorot_uniform, glorot_normal, he_uniform, "
+                   "he_normal, lecun_uniform, lecun_normal, orthogonal, random_normal, "
+                   "random_uniform")
 
 # (schema, its values apart from the defaults, the line `check` raises; None: it passes)
 BOUNDS = [
@@ -201,29 +206,24 @@ BOUNDS = [
     (MLPConfig, {"depth": 0}, "depth=0: must be an integer >= 1"),
     (MLPConfig, {"width": 0}, "width=0: must be an integer >= 1"),
     (MLPConfig, {"activation": "swish"},
-     "activation=swish: must be one of relu, tanh, sigmoid, gelu, elu, selu, silu, softplus, "
-     "linear"),
+     BAD_ACTIVATION),
     (MLPConfig, {"initializer": "zeros"},
-     "initializer=zeros: must be one of glorot_uniform, glorot_normal, he_uniform, he_normal, "
-     "lecun_uniform, lecun_normal, orthogonal, random_normal, random_uniform"),
+     BAD_INITIALIZER),
     (MLPConfig, {"depth": 1, "width": 1, "activation": "linear"}, None),
     (CNNConfig, {"blocks": 0}, "blocks=0: must be an integer >= 1"),
     (CNNConfig, {"filters": 0}, "filters=0: must be an integer >= 1"),
     (CNNConfig, {"kernel_size": 0}, "kernel_size=0: must be an integer >= 1"),
     (CNNConfig, {"width": 0}, "width=0: must be an integer >= 1"),
     (CNNConfig, {"activation": "swish"},
-     "activation=swish: must be one of relu, tanh, sigmoid, gelu, elu, selu, silu, softplus, "
-     "linear"),
+     BAD_ACTIVATION),
     (CNNConfig, {"initializer": "zeros"},
-     "initializer=zeros: must be one of glorot_uniform, glorot_normal, he_uniform, he_normal, "
-     "lecun_uniform, lecun_normal, orthogonal, random_normal, random_uniform"),
+     BAD_INITIALIZER),
     (CNNConfig, {"blocks": 1, "filters": 1, "kernel_size": 1, "width": 1}, None),
     (RNNConfig, {"cell": "rnn"}, "cell=rnn: must be one of simple, lstm, gru"),
     (RNNConfig, {"units": 0}, "units=0: must be an integer >= 1"),
     (RNNConfig, {"layers": 0}, "layers=0: must be an integer >= 1"),
     (RNNConfig, {"activation": "swish"},
-     "activation=swish: must be one of relu, tanh, sigmoid, gelu, elu, selu, silu, softplus, "
-     "linear"),
+     BAD_ACTIVATION),
     (RNNConfig, {"recurrent_gain": 0.0}, f"recurrent_gain=0.0: {POSITIVE}"),
     (RNNConfig, {"recurrent_gain": INF}, f"recurrent_gain=inf: {POSITIVE}"),
     (RNNConfig, {"init": "orthogonal"}, "init=orthogonal: must be one of keras, pascanu2013"),
@@ -237,8 +237,7 @@ BOUNDS = [
     (TransformerConfig, {"width": 30, "heads": 4}, "width=30: must be a multiple of heads (4)"),
     (TransformerConfig, {"norm": "none"}, "norm=none: must be one of pre, post"),
     (TransformerConfig, {"activation": "swish"},
-     "activation=swish: must be one of relu, tanh, sigmoid, gelu, elu, selu, silu, softplus, "
-     "linear"),
+     BAD_ACTIVATION),
     (TransformerConfig, {"blocks": 1, "width": 3, "heads": 3, "mlp_width": 1, "norm": "post"},
      None),
     (KerasModelConfig, {"build": " "},
