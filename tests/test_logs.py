@@ -134,3 +134,51 @@ def test_a_resumed_table_keeps_its_rows_to_the_checkpoint_or_says_why_it_cannot(
     path.write_text("step,loss/train\n1,0.5\n3,0.125\n")
     with pytest.raises(ValueError, match=r"has 1 of the 2 steps before the checkpoint"):
         logs.keep_rows(path, header, 2)
+
+
+# float32 values whose bytes and digits are awkward: signs, extremes, a subnormal, NaN, infinities
+AWKWARD = np.array([0.0, -0.0, 1.0, -2.5, np.pi, 1e-45, 3.4028235e38, -1.1754944e-38, np.nan,
+                    np.inf, -np.inf, 0.1], np.float32)
+
+
+def test_a_calls_scalar_events_are_the_bytes_their_protos_serialize_to(tmp_path):
+    """Each step's event, written from the Summary's bytes with its floats put in, is byte for
+    byte the Event built field by field and serialized by protobuf; across the steps where the
+    step's varint grows a byte (127 to 128, 16383 to 16384)."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    names = [f"tag/{i}" for i in range(len(AWKWARD))]
+    steps = np.array([126, 127, 128, 129, 16383, 16384, 2**40])
+    rows = np.stack([np.roll(AWKWARD, k) for k in range(len(steps))])
+    writer = logs.EventWriter(tmp_path)
+    writer.rows(steps[:1], names, rows[:1])  # the first: with the scalars plugin's metadata
+    writer.rows(steps[1:], names, rows[1:])
+    writer.close()
+    (path,) = tmp_path.glob("events.out.tfevents.*")
+    written = list(RawEventFileLoader(str(path)).Load())[2:]  # after the version, the first
+    assert len(written) == len(steps) - 1
+    for record, step, row in zip(written, steps[1:], rows[1:], strict=True):
+        wall_time = Event.FromString(record).wall_time
+        values = [Summary.Value(tag=n, tensor={"dtype": "DT_FLOAT", "float_val": [x],
+                                               "tensor_shape": {}})
+                  for n, x in zip(names, row, strict=True)]
+        expected = Event(wall_time=wall_time, step=int(step), summary=Summary(value=values))
+        assert record == expected.SerializeToString(), step
+
+
+def test_the_table_writes_each_float32_in_nine_digits_that_read_back_exactly(make_cfg, tmp_path):
+    """metrics.csv: a call's rows as `step,value,...` with `%.9g`, the telemetry and validation
+    columns blank but in the call's last row; every value read back as the float32 written."""
+    names = ["loss/train", "grad_norm/global", "param_norm/w"]
+    run_log = logs.RunLog(tmp_path, names, make_cfg(), telemetry=("param_norm/w",))
+    rows = np.stack([AWKWARD[:3], AWKWARD[3:6], AWKWARD[6:9], AWKWARD[9:12]])
+    run_log.steps(np.arange(1, 5), rows, {"loss/val": 0.25, "accuracy/val": 0.75}, measured=True)
+    run_log.close(4, {})
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert lines == ["step,loss/train,grad_norm/global,param_norm/w,loss/val,accuracy/val",
+                     "1,0,-0,,,", "2,-2.5,3.14159274,,,", "3,3.40282347e+38,-1.17549435e-38,,,",
+                     "4,inf,-inf,0.100000001,0.25,0.75"]
+    read = np.array([[float(x or "nan") for x in line.split(",")] for line in lines[1:]])
+    np.testing.assert_array_equal(read[:, 1:3].astype(np.float32), rows[:, :2])

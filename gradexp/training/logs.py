@@ -153,9 +153,8 @@ def keep_rows(path: Path, header: list[str], last_step: int) -> list[list[str]]:
 
 class EventWriter:
     """One TensorBoard event file, written record by record from Python protos (not through the
-    summary APIs, slow for a dozen scalars a step): a step's scalars are one Event whose values
-    are set in a prebuilt message, framed by TensorFlow's C++ TFRecord writer. A tag's first
-    value carries the scalars plugin's metadata, as tf.summary writes it."""
+    summary APIs, slow for a dozen scalars a step), framed by TensorFlow's C++ TFRecord writer.
+    A tag's first value carries the scalars plugin's metadata, as tf.summary writes it."""
 
     def __init__(self, run_dir: Path):
         from gradexp._tf import tf
@@ -163,7 +162,7 @@ class EventWriter:
         self.file = tf.io.TFRecordWriter(str(run_dir / event_file_name()))
         self.write(Event(wall_time=time.time(), file_version="brain.Event:2"))
         self.described: set[str] = set()
-        self.templates: dict[tuple[str, ...], Any] = {}
+        self.templates: dict[tuple[str, ...], tuple[bytes, np.ndarray, np.ndarray]] = {}
 
     def write(self, event) -> None:
         self.file.write(event.SerializeToString())
@@ -178,36 +177,59 @@ class EventWriter:
         self.rows([step], list(values), [list(values.values())])
 
     def rows(self, steps, names: list[str], rows) -> None:
-        """Scalars `names` at each of `steps` (`rows[i]` at `steps[i]`), one event per step."""
-        def value(tag, x, metadata=None):
-            return Summary.Value(tag=tag, metadata=metadata, tensor={
-                "dtype": "DT_FLOAT", "float_val": [x], "tensor_shape": {}})
+        """Scalars `names` at each of `steps` (`rows[i]` at `steps[i]`), one event per step:
+        the bytes Event.SerializeToString gives, a call's steps serialized at once from the
+        Summary's bytes with their float32 values put in (`scalars_template`):
 
+            event_i = Event(wall_time, step=steps[i]) · summary field head · S with rows[i]
+        """
         start = 0
         new = {n for n in names if n not in self.described}
         if new:  # the first value of a tag says it is a scalar
             self.summary(steps[0], Summary(value=[
-                value(n, x, SCALAR if n in new else None)
+                _scalar(n, x, SCALAR if n in new else None)
                 for n, x in zip(names, rows[0], strict=True)]))
             self.described |= new
             start = 1
         key = tuple(names)
         if key not in self.templates:
-            self.templates[key] = Event(summary=Summary(value=[value(n, 0.0) for n in names]))
-        template = self.templates[key]
-        fields = [v.tensor.float_val for v in template.summary.value]
-        template.wall_time = time.time()
-        for step, row in zip(steps[start:], rows[start:], strict=True):
-            template.step = int(step)
-            for field, x in zip(fields, row, strict=True):
-                field[0] = x
-            self.file.write(template.SerializeToString())
+            self.templates[key] = scalars_template(names)
+        head, template, at = self.templates[key]
+        values = np.asarray(rows, "<f4")[start:]
+        summaries = np.tile(template, (len(values), 1))
+        summaries[:, at] = values.view(np.uint8)
+        stamp = Event(wall_time=time.time())
+        for step, summary in zip(steps[start:], summaries, strict=True):
+            stamp.step = int(step)
+            self.file.write(stamp.SerializeToString() + head + summary.tobytes())
 
     def flush(self) -> None:
         self.file.flush()
 
     def close(self) -> None:
         self.file.close()
+
+
+def _scalar(tag: str, x: float, metadata=None):
+    return Summary.Value(tag=tag, metadata=metadata, tensor={
+        "dtype": "DT_FLOAT", "float_val": [float(x)], "tensor_shape": {}})
+
+
+def scalars_template(names: list[str]) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """A step's scalars `names` as bytes to fill in: the head of an Event's summary field,
+    S the Summary's bytes with every value 0, and the positions in S of the values' bytes. A
+    value is one float32, 4 bytes always in the same place: the bytes that differ between S
+    and S with every value 0x01010101."""
+    def serialized(x: float) -> np.ndarray:
+        return np.frombuffer(Summary(value=[_scalar(n, x) for n in names]).SerializeToString(),
+                             np.uint8)
+
+    zeros = serialized(0.0)
+    at = np.flatnonzero(zeros != serialized(float(np.frombuffer(b"\1\1\1\1", "<f4")[0])))
+    assert len(at) == 4 * len(names)
+    body = zeros.tobytes()
+    head = Event(summary=Summary.FromString(body)).SerializeToString()[:-len(body)]
+    return head, zeros, at
 
 
 def histogram_pb(tag: str, data):
@@ -321,12 +343,9 @@ class RunLog:
             _HELD.append((self._steps, (steps, rows, val, measured)))
 
     def _steps(self, steps, rows, val, measured) -> None:
-        last = int(steps[-1])
+        last, every = int(steps[-1]), rows[:, :self.every_step]
         with writing(METRICS, self.run_dir, last, tensorflow="the event file"):
-            every = rows[:, :self.every_step].tolist()
             self.events.rows(steps, self.names[:self.every_step], every)
-            lines = [self._row_format % (step, *row)
-                     for step, row in zip(steps.tolist(), every, strict=True)]
             extra = {}
             if measured and self.telemetry:
                 extra.update(zip(self.telemetry, rows[-1, self.every_step:].tolist(), strict=True))
@@ -334,10 +353,15 @@ class RunLog:
                 extra.update(val)
             if extra:
                 self.events.scalars(last, extra)
-                lines[-1] = self._last_row_format % (last, *every[-1], *(
+            # the rows formatted at once, their steps as float64 (exact, as each float32)
+            table = np.column_stack([steps, every])
+            plain = len(table) - bool(extra)
+            text = (self._row_format * plain) % tuple(table[:plain].ravel().tolist())
+            if extra:
+                text += self._last_row_format % (*table[-1].tolist(), *(
                     f"{extra[c]:.9g}" if c in extra else "" for c in (*self.telemetry,
                                                                       *self.val_names)))
-            self._table_file.write("".join(lines))
+            self._table_file.write(text)
             self._table_file.flush()
             self.events.flush()
 
