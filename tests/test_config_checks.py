@@ -670,3 +670,28 @@ def test_what_one_example_is_by_the_rank_of_its_shape():
 
     assert [input_kind(s) for s in ((3,), (5, 2), (8, 8, 1), (2, 3, 4, 5))] == [
         "vectors", "sequences", "images", "rank-4 arrays"]
+
+
+def test_a_key_left_missing_names_what_to_set_it_to_or_that_it_must_be_set():
+    """_no_missing: a ??? key's one line gives its schema field's `allowed`, or, a field of a
+    user's schema without one, "must be set"."""
+    from dataclasses import field
+
+    from omegaconf import MISSING, OmegaConf
+
+    from gradexp.config.root import _no_missing
+
+    @dataclass
+    class Settings:
+        told: str = field(default=MISSING, metadata={"allowed": "must be set to a name"})
+        untold: int = MISSING
+        given: int = 1
+
+    node = OmegaConf.structured(Settings)
+    with pytest.raises(ConfigError, match=r"^mine\.told=\?\?\?: must be set to a name$"):
+        _no_missing(node, "mine")
+    node.told = "x"
+    with pytest.raises(ConfigError, match=r"^mine\.untold=\?\?\?: must be set$"):
+        _no_missing(node, "mine")
+    node.untold = 2
+    _no_missing(node, "mine")
