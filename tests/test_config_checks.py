@@ -653,8 +653,14 @@ def test_a_sweepers_settings_are_checked_without_a_launcher_node():
     (["seed=4294967296"], "seed=4294967296: must be an integer in [0, 2**32 - 1]"),
     (["dataset.seed=-1"], "dataset.seed=-1: must be an integer in [0, 2**32 - 1]"),
     (["dataset.seed=4294967296"], "dataset.seed=4294967296: must be an integer in [0, 2**32 - 1]"),
+    (["strategy=tpu"], "strategy=tpu: must be one of none, mirrored"),
+    (["trainer.on_divergence=continue"], None),  # on one device
+    (["strategy=mirrored"], None),
+    (["strategy=mirrored", "trainer.on_divergence=continue"],
+     "trainer.on_divergence=continue, strategy=mirrored: skipping non-finite updates works on "
+     "one device only; use one of them"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
-def test_the_run_wide_bounds_of_clip_and_the_seeds(overrides, line):
+def test_the_run_wide_settings_bounds_and_choices(overrides, line):
     from gradexp import api
 
     if line is None:
