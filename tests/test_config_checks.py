@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from omegaconf import MISSING
 
 from gradexp.config import base, plugins
 from gradexp.config.base import ConfigError
@@ -659,6 +660,11 @@ def test_a_sweepers_settings_are_checked_without_a_launcher_node():
     (["strategy=mirrored", "trainer.on_divergence=continue"],
      "trainer.on_divergence=continue, strategy=mirrored: skipping non-finite updates works on "
      "one device only; use one of them"),
+    (["layer.clip_min=0.5", "layer.clip_max=0.5"], None),  # one bound: dy is set to it
+    (["layer.clip_min=-0.5", "layer.clip_max=-1"],
+     "layer.clip_min=-0.5, layer.clip_max=-1.0: clip_min must not exceed clip_max"),
+    (["+extra=1"], "extra: no such key; allowed: model, dataset, optimizer, clipping, layer, "
+     "trainer, clip, seed, device, precision, strategy, deterministic, resume"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_the_run_wide_settings_bounds_and_choices(overrides, line):
     from gradexp import api
@@ -701,3 +707,42 @@ def test_a_key_left_missing_names_what_to_set_it_to_or_that_it_must_be_set():
         _no_missing(node, "mine")
     node.untold = 2
     _no_missing(node, "mine")
+
+
+@dataclass
+class _Inner:
+    width: int = 1
+
+
+@dataclass
+class _Outer:  # a plain value, then groups: set, left missing, null
+    value: int = 0
+    inner: _Inner = field(default_factory=_Inner)
+    unset: _Inner = MISSING
+    nothing: _Inner | None = None
+
+
+def test_unknown_keys_are_looked_for_in_every_group_after_any_value_but_hydras_own():
+    """_unknown_keys: a key no schema declares is refused at any depth, also in a group that
+    follows a plain value; `hydra` is allowed at the top only; a group left missing or null is
+    not looked into."""
+    from omegaconf import OmegaConf
+
+    from gradexp.config.root import _unknown_keys
+
+    def node(top=None, inner=None):
+        made = OmegaConf.structured(_Outer)
+        OmegaConf.set_struct(made, False)
+        OmegaConf.set_struct(made.inner, False)
+        made.inner.merge_with(inner or {})
+        made.merge_with(top or {})
+        return made
+
+    hydras = OmegaConf.structured(_Inner)  # Hydra's own node, keys of its own: not looked into
+    OmegaConf.set_struct(hydras, False)
+    hydras.run = 1
+    _unknown_keys(node({"hydra": hydras}))
+    with pytest.raises(ConfigError, match=r"^inner\.extra: no such key; allowed: width$"):
+        _unknown_keys(node(inner={"extra": 2}))
+    with pytest.raises(ConfigError, match=r"^inner\.hydra: no such key; allowed: width$"):
+        _unknown_keys(node(inner={"hydra": 2}))

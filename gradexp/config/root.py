@@ -96,9 +96,7 @@ def _unknown_keys(node: DictConfig, prefix: str = "") -> None:
         for key in node:
             if key not in allowed and not (prefix == "" and key == "hydra"):
                 raise ConfigError(f"{prefix}{key}: no such key; allowed: {', '.join(allowed)}")
-    for key in node:
+    for key in node:  # (a group left missing or null has no keys: DictConfig.keys)
         child = node._get_node(key)
-        if key == "hydra" or not isinstance(child, DictConfig):
-            continue
-        if not child._is_missing() and not child._is_none():
+        if key != "hydra" and isinstance(child, DictConfig):
             _unknown_keys(child, f"{prefix}{key}.")
