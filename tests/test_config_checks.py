@@ -746,3 +746,22 @@ def test_unknown_keys_are_looked_for_in_every_group_after_any_value_but_hydras_o
         _unknown_keys(node(inner={"extra": 2}))
     with pytest.raises(ConfigError, match=r"^inner\.hydra: no such key; allowed: width$"):
         _unknown_keys(node(inner={"hydra": 2}))
+
+
+def test_the_layers_settings_as_composed_bounds_norm_and_positions():
+    """clip_bounds: layer.clip_min/max each win over ±clip; clip_spec carries layer.max_norm;
+    positions: one name given alone is a list of it, and a user's model (positions known once
+    it is built) gets the names as given."""
+    from gradexp import api
+    from gradexp.config.layer import clip_bounds, clip_spec, positions
+
+    assert clip_bounds(api.compose("clip=0.5", "layer.clip_min=-0.125")) == (-0.125, 0.5)
+    assert clip_bounds(api.compose("clip=0.5", "layer.clip_max=0.25")) == (-0.5, 0.25)
+    assert clip_bounds(api.compose("layer.clip_max=0.25")) == (None, 0.25)
+    spec = clip_spec(api.compose("layer.max_norm=2", "layer.norm_axis=example"))
+    assert (spec.max_norm, spec.norm_axis) == (2.0, "example")
+    assert positions(api.compose("layer.positions=dense_2")) == ["dense_2"]
+    assert positions(api.compose("model=keras", "model.build=my.models:build",
+                                 "layer.positions=[encoder,head]")) == ["encoder", "head"]
+    assert positions(api.compose("model=keras", "model.build=my.models:build",
+                                 "layer.positions=3")) == ["3"]

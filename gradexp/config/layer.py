@@ -80,7 +80,7 @@ def positions(cfg: DictConfig) -> list[str]:
     patterns asked for, `all` as `["all"]`, resolved against its layers when it is built)."""
     available = OmegaConf.to_object(cfg.model).positions()
     wanted = cfg.layer.positions
-    if isinstance(wanted, str) or not isinstance(wanted, (list, ListConfig)):
+    if not isinstance(wanted, (list, ListConfig)):  # one name (Hydra reads `3` as a number)
         wanted = [wanted]
     if available is None:
         return [str(p) for p in wanted]
