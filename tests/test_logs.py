@@ -182,3 +182,22 @@ def test_the_table_writes_each_float32_in_nine_digits_that_read_back_exactly(mak
                      "4,inf,-inf,0.100000001,0.25,0.75"]
     read = np.array([[float(x or "nan") for x in line.split(",")] for line in lines[1:]])
     np.testing.assert_array_equal(read[:, 1:3].astype(np.float32), rows[:, :2])
+
+
+def test_a_resumed_run_reads_its_blank_cells_as_nan(make_cfg, tmp_path):
+    """past_values: a column blank at the steps that did not measure it (an evaluation's error
+    rate, the telemetry) is NaN there and its float32 value where it was written."""
+    names = ["loss/train", "param_norm/w"]
+    val_names = ("loss/val", "accuracy/val", "error_rate/val")
+    first = logs.RunLog(tmp_path, names, make_cfg(), val_names=val_names,
+                        telemetry=("param_norm/w",))
+    rows = np.array([[1.0, 7.0], [0.5, 7.5], [0.25, 8.0]], np.float32)
+    first.steps(np.arange(1, 4), rows, {"loss/val": 0.5, "accuracy/val": 0.75,
+                                        "error_rate/val": 0.1}, measured=True)
+    first.close(3, {})
+    resumed = logs.RunLog(tmp_path, names, make_cfg(), start_step=3, val_names=val_names,
+                          telemetry=("param_norm/w",))
+    np.testing.assert_array_equal(resumed.past_values("error_rate/val"),
+                                  np.array([np.nan, np.nan, 0.1], np.float32))
+    np.testing.assert_array_equal(resumed.past_values("param_norm/w"), [np.nan, np.nan, 8.0])
+    resumed.close(3, {})
