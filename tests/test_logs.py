@@ -201,3 +201,36 @@ def test_a_resumed_run_reads_its_blank_cells_as_nan(make_cfg, tmp_path):
                                   np.array([np.nan, np.nan, 0.1], np.float32))
     np.testing.assert_array_equal(resumed.past_values("param_norm/w"), [np.nan, np.nan, 8.0])
     resumed.close(3, {})
+
+
+def test_the_event_files_writer_failing_is_named_in_the_one_line(make_cfg, tmp_path):
+    """A TensorFlow error from the event file's writer within a call's writes is said as the
+    event file's, not the table's (both are written in one block)."""
+    from gradexp._tf import tf
+
+    run = logs.RunLog(tmp_path, NAMES, make_cfg())
+
+    class Full:
+        def write(self, record):
+            raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+
+    run.events.file = Full()
+    run.steps(np.arange(1, 3), np.ones((2, 2), np.float32), None, measured=False)
+    with pytest.raises(WriteFailed) as failed:
+        logs.flush()
+    assert str(failed.value) == (f"cannot write the event file in {tmp_path} at step 2: "
+                                 "No space left on device")
+    run._table_file.close()
+
+
+def test_the_telemetry_is_written_only_in_a_call_that_measured_it(make_cfg, tmp_path):
+    """A call that did not measure the telemetry leaves its columns blank, whatever its rows
+    hold there (the step writes NaN)."""
+    run = logs.RunLog(tmp_path, ["loss/train", "param_norm/w"], make_cfg(),
+                      telemetry=("param_norm/w",))
+    rows = np.array([[1.0, 7.0], [0.5, 7.5]], np.float32)
+    run.steps(np.arange(1, 3), rows, None, measured=False)
+    run.steps(np.arange(3, 5), rows, None, measured=True)
+    run.close(4, {})
+    assert (tmp_path / "metrics.csv").read_text().splitlines()[1:] == [
+        "1,1,,,", "2,0.5,,,", "3,1,,,", "4,0.5,7.5,,"]
