@@ -234,3 +234,16 @@ def test_the_telemetry_is_written_only_in_a_call_that_measured_it(make_cfg, tmp_
     run.close(4, {})
     assert (tmp_path / "metrics.csv").read_text().splitlines()[1:] == [
         "1,1,,,", "2,0.5,,,", "3,1,,,", "4,0.5,7.5,,"]
+
+
+def test_a_row_not_as_wide_as_its_names_is_refused(tmp_path):
+    """rows: a row with fewer or more values than names is a caller's bug, refused, in the
+    first call (which describes the tags) as in the others."""
+    writer = logs.EventWriter(tmp_path)
+    for row in ([1.0], [1.0, 2.0, 3.0]):
+        with pytest.raises(ValueError):
+            writer.rows([1], ["a", "b"], [row])
+    writer.rows([1], ["a", "b"], [[1.0, 2.0]])
+    with pytest.raises(ValueError):
+        writer.rows([2], ["a", "b"], [[1.0]])
+    writer.close()
