@@ -153,14 +153,17 @@ def test_a_calls_scalar_events_are_the_bytes_their_protos_serialize_to(tmp_path)
     steps = np.array([126, 127, 128, 129, 16383, 16384, 2**40])
     rows = np.stack([np.roll(AWKWARD, k) for k in range(len(steps))])
     writer = logs.EventWriter(tmp_path)
+    before = time.time()
     writer.rows(steps[:1], names, rows[:1])  # the first: with the scalars plugin's metadata
     writer.rows(steps[1:], names, rows[1:])
+    after = time.time()
     writer.close()
     (path,) = tmp_path.glob("events.out.tfevents.*")
     written = list(RawEventFileLoader(str(path)).Load())[2:]  # after the version, the first
     assert len(written) == len(steps) - 1
     for record, step, row in zip(written, steps[1:], rows[1:], strict=True):
         wall_time = Event.FromString(record).wall_time
+        assert before <= wall_time <= after
         values = [Summary.Value(tag=n, tensor={"dtype": "DT_FLOAT", "float_val": [x],
                                                "tensor_shape": {}})
                   for n, x in zip(names, row, strict=True)]
@@ -237,8 +240,8 @@ def test_the_telemetry_is_written_only_in_a_call_that_measured_it(make_cfg, tmp_
 
 
 def test_a_row_not_as_wide_as_its_names_is_refused(tmp_path):
-    """rows: a row with fewer or more values than names is a caller's bug, refused, in the
-    first call (which describes the tags) as in the others."""
+    """rows: a row with fewer or more values than names, or rows not one a step, is a caller's
+    bug, refused, in the first call (which describes the tags) as in the others."""
     writer = logs.EventWriter(tmp_path)
     for row in ([1.0], [1.0, 2.0, 3.0]):
         with pytest.raises(ValueError):
@@ -246,4 +249,6 @@ def test_a_row_not_as_wide_as_its_names_is_refused(tmp_path):
     writer.rows([1], ["a", "b"], [[1.0, 2.0]])
     with pytest.raises(ValueError):
         writer.rows([2], ["a", "b"], [[1.0]])
+    with pytest.raises(ValueError):  # and as many rows as steps
+        writer.rows([2, 3], ["a", "b"], [[1.0, 2.0]] * 3)
     writer.close()
