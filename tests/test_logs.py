@@ -252,3 +252,42 @@ def test_a_row_not_as_wide_as_its_names_is_refused(tmp_path):
     with pytest.raises(ValueError):  # and as many rows as steps
         writer.rows([2, 3], ["a", "b"], [[1.0, 2.0]] * 3)
     writer.close()
+
+
+def test_closing_writes_the_final_metrics_or_says_in_one_line_what_it_could_not(make_cfg,
+                                                                                 tmp_path):
+    """close: the final figures as `final/<name>` scalars at the last step (None left out);
+    a full disk under the table or the event file then, in one line naming it and the step."""
+    from conftest import event_scalars, events
+    from gradexp._tf import tf
+
+    (tmp_path / "ok").mkdir()
+    run = logs.RunLog(tmp_path / "ok", NAMES, make_cfg())
+    run.close(3, {"loss": 0.5, "val_loss": None})
+    acc = events(tmp_path / "ok")
+    assert [t for t in acc.Tags()["tensors"] if t.startswith("final/")] == ["final/loss"]
+    assert [e.step for e in acc.Tensors("final/loss")] == [3]
+    assert event_scalars(acc, "final/loss").tolist() == [0.5]
+
+    (tmp_path / "table").mkdir()
+    run = logs.RunLog(tmp_path / "table", NAMES, make_cfg())
+    run._table_file.close()
+    run._table_file = open("/dev/full", "w")  # the table's file, on a full device
+    run._table_file.write("1,0.5,0.25\n")
+    with pytest.raises(WriteFailed) as failed:
+        run.close(3, {})
+    assert str(failed.value).startswith(f"cannot write metrics.csv in {tmp_path / 'table'} at "
+                                        "step 3: No space left on device")
+
+    class Full:
+        def write(self, record):
+            raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+
+    (tmp_path / "events").mkdir()
+    run = logs.RunLog(tmp_path / "events", NAMES, make_cfg())
+    run.events.file = Full()
+    with pytest.raises(WriteFailed) as failed:
+        run.close(4, {"loss": 0.5})
+    assert str(failed.value) == (f"cannot write the event file in {tmp_path / 'events'} at "
+                                 "step 4: No space left on device")
+    run._table_file.close()
