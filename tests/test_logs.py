@@ -291,3 +291,31 @@ def test_closing_writes_the_final_metrics_or_says_in_one_line_what_it_could_not(
     assert str(failed.value) == (f"cannot write the event file in {tmp_path / 'events'} at "
                                  "step 4: No space left on device")
     run._table_file.close()
+
+
+def test_the_custom_scalars_page_has_a_chart_per_clip_layer_and_per_telemetry_kind():
+    """custom_scalars_layout: TensorBoard's Custom Scalars layout, read back from its summary:
+    one chart per clip layer (its ‖dy‖ before and after, by a regular expression over its
+    tags), the training charts, and the per-layer charts only when the telemetry is logged."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    def layout(names):
+        (value,) = logs.custom_scalars_layout(names).value
+        assert value.tag == "custom_scalars__config__"
+        return [(c.title, [(chart.title, list(chart.multiline.tag)) for chart in c.chart])
+                for c in layout_pb2.Layout.FromString(value.tensor.string_val[0]).category]
+
+    names = ["loss/train", "grad_norm/global", "grad_norm/dense_1/pre", "grad_norm/dense_1/post",
+             "clip_fraction/dense_1", "grad_norm/out/pre"]
+    clip_layers = ("clip layers", [
+        ("dense_1: ‖dy‖ before and after the clip", ["^grad_norm/dense_1/(pre|post)$"]),
+        ("out: ‖dy‖ before and after the clip", ["^grad_norm/out/(pre|post)$"]),
+        ("share of dy clipped", ["^clip_fraction/"])])
+    training = ("training", [("loss", ["^loss/"]),
+                             ("parameter gradient norm", ["^grad_norm/global"])])
+    assert layout(names) == [clip_layers, training]
+    assert layout([*names, "update_norm/dense_1/kernel"])[2] == ("per layer", [
+        ("‖g‖ per layer, before parameter clipping", ["^param_grad_norm/[^/]+$"]),
+        ("‖g‖ per layer, after parameter clipping", ["^param_grad_norm/.+/post$"]),
+        ("update ‖Δθ‖ per layer", ["^update_norm/"]), ("weights ‖θ‖ per layer", ["^param_norm/"]),
+        ("‖Δθ‖ / ‖θ‖ per layer", ["^update_ratio/"])])
